@@ -1,0 +1,65 @@
+"""hvdp's array-ops protocol (``hvdp.ops.ArrayOps``) filled with torch ops."""
+import torch
+
+_DT = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+       "int8": torch.int8, "uint8": torch.uint8, "int32": torch.int32}
+
+
+class TorchOps:
+    name = "torch"
+
+    def zeros(self, n, dtype="float32", like=None):
+        return torch.zeros(n, dtype=_DT[dtype], device=like.device if like is not None else None)
+
+    def size(self, x):
+        return x.numel()
+
+    def reshape(self, x, shape):
+        return x.reshape(shape)
+
+    def cat(self, xs):
+        return torch.cat([x.reshape(-1) for x in xs]) if len(xs) else torch.zeros(0)
+
+    def cast(self, x, dtype):
+        return x.to(_DT[dtype])
+
+    def to_bytes(self, x):
+        return x.contiguous().reshape(-1).view(torch.uint8)
+
+    def from_bytes(self, b, dtype):
+        b = b.contiguous()
+        try:
+            return b.view(_DT[dtype])
+        except RuntimeError:  # a slice not aligned to the wider dtype: copy it first
+            return b.clone().view(_DT[dtype])
+
+    def abs(self, x):
+        return x.abs()
+
+    def amax_rows(self, x2d):
+        return x2d.amax(dim=-1)
+
+    def round(self, x):
+        return torch.round(x)
+
+    def clip(self, x, lo, hi):
+        return torch.clamp(x, lo, hi)
+
+    def where(self, cond, a, b):
+        return torch.where(cond, a, b)
+
+    def isfinite(self, x):
+        return torch.isfinite(x)
+
+    def all_finite(self, x):
+        return bool(torch.isfinite(x).all())
+
+    def topk_rows(self, score2d, k):
+        return torch.topk(score2d, k, dim=-1, largest=True, sorted=True).indices.to(torch.int32)
+
+    def gather_rows(self, x2d, idx2d):
+        return torch.gather(x2d, -1, idx2d.long())
+
+    def scatter_rows(self, rows, cols, idx2d, values2d):
+        out = torch.zeros(rows, cols, dtype=torch.float32, device=values2d.device)
+        return out.scatter_(-1, idx2d.long(), values2d.float())

@@ -1,0 +1,319 @@
+"""``hvd.DistributedOptimizer``: Horovod's semantics, with hvdp's codecs, buckets and metrics.
+
+The returned object is an instance of a class made on the fly as a subclass of the user's
+optimizer class (as Horovod does), so ``step``, ``zero_grad``, ``state_dict``, LR schedulers and
+``torch.amp.GradScaler`` keep working.
+"""
+import os
+import warnings
+from contextlib import contextmanager
+
+import horovod.torch as _hvd
+import torch
+
+from hvdp.collectives import AVERAGE, SUM
+from hvdp.plan import CompressionPolicy, make_plan
+from hvdp.stats import WireStats, ring_allreduce_bytes
+from hvdp.twophase import TwoPhaseReducer
+
+from .comm import TorchCollectives
+from .compression import Compression, resolve
+from .ops import TorchOps
+
+_OPS = TorchOps()
+
+
+def _named(param_groups, named_parameters):
+    if named_parameters is None:
+        return [(f"allreduce.noname.{i}.{j}", p) for i, g in enumerate(param_groups)
+                for j, p in enumerate(g["params"])]
+    named = list(named_parameters)
+    if any(not isinstance(t, tuple) or len(t) != 2 for t in named):
+        raise ValueError("named_parameters must be (name, parameter) tuples, "
+                         "e.g. model.named_parameters()")
+    seen, dups = set(), set()
+    for k, _ in named:
+        (dups if k in seen else seen).add(k)
+    if dups:
+        raise ValueError(f"parameter names must be unique; duplicated: {', '.join(sorted(dups))}")
+    ids = {id(p) for _, p in named}
+    missing = [p for g in param_groups for p in g["params"] if id(p) not in ids]
+    if missing:
+        raise ValueError(f"named_parameters was given but {len(missing)} optimizer parameter(s) are "
+                         "not in it; pass model.named_parameters() of the model being optimized")
+    return named
+
+
+class _DistributedOptimizer(torch.optim.Optimizer):
+    _hvdp_distributed = True
+
+    def __init__(self, params, named_parameters, codec, hvd_compressor, policy,
+                 backward_passes_per_step, op, gradient_predivide_factor, groups,
+                 sparse_as_dense, process_set):
+        super(self.__class__, self).__init__(params)
+        # settings
+        self._codec, self._hvd_compressor, self._policy = codec, hvd_compressor, policy
+        self._bpps = backward_passes_per_step
+        self._op = SUM if op == _hvd.Sum else AVERAGE
+        self._predivide = gradient_predivide_factor
+        self._sparse_as_dense = sparse_as_dense
+        self._comm = TorchCollectives(process_set)
+        named = _named(self.param_groups, named_parameters)
+        names = {id(p): k for k, p in named}
+        self._params = [p for g in self.param_groups for p in g["params"] if p.requires_grad]
+        self._name = {p: names[id(p)] for p in self._params}
+        self._groups = self._make_groups(groups)
+        two_phase = codec is not None and not codec.summable
+        self._plan = make_plan([self._name[p] for p in self._params], [p.numel() for p in self._params],
+                               [p.is_floating_point() for p in self._params], policy, two_phase)
+        self._bucket_of = {self._params[i]: b for b, idx in enumerate(self._plan.buckets) for i in idx}
+        ef = policy.error_feedback if policy.error_feedback is not None else \
+            (codec.error_feedback_default if codec is not None else False)
+        self.stats = WireStats()
+        self._reducer = TwoPhaseReducer(codec, _OPS, self._comm, ef, self._op, self._predivide,
+                                        self.stats) if two_phase else None
+        # internal state, reset every step
+        self._step_count = 0
+        self._delay = {p: self._bpps for p in self._params}
+        self._handles = {}          # param -> (handle, ctx) of the plain allreduce
+        self._bucket_ready = {}     # bucket -> number of its params ready
+        self._bucket_pending = {}   # bucket -> two-phase pending
+        self._group_ready = {}
+        self._synchronized = False
+        self._should_synchronize = True
+        self._hooks = []
+        # Like Horovod, a single worker skips the hooks, except that a real codec still applies
+        # (so its effect can be seen and tested on one worker).
+        if (self._comm.size > 1 or os.environ.get("HOROVOD_ELASTIC") == "1"
+                or (codec is not None and codec.name != "none")):
+            self._register_hooks()
+
+    # --- set-up -----------------------------------------------------------------------------
+    def _make_groups(self, groups):
+        if not groups:
+            return {}
+        if isinstance(groups, int):
+            k = -(-len(self._params) // groups)
+            lists = [self._params[i:i + k] for i in range(0, len(self._params), k)]
+        else:
+            lists = [list(g) for g in groups]
+            known = set(self._params)
+            if any(p not in known for g in lists for p in g):
+                raise ValueError("groups must hold parameters of this optimizer that require grad")
+        return {p: tuple(g) for g in lists for p in g}
+
+    def _register_hooks(self):
+        for p in self._params:
+            self._hooks.append(p.register_post_accumulate_grad_hook(self._hook))
+
+    # --- per-gradient path ------------------------------------------------------------------
+    def _compressing(self):
+        return self._step_count >= self._policy.warmup_steps
+
+    def _hook(self, p):
+        if self._delay[p] <= 0:
+            raise AssertionError("gradients were computed more than backward_passes_per_step="
+                                 f"{self._bpps} times before step(); raise backward_passes_per_step "
+                                 "to accumulate more passes locally")
+        self._delay[p] -= 1
+        if self._delay[p] == 0:
+            self._launch(p)
+
+    def _launch(self, p):
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        b = self._bucket_of.get(p)
+        if b is not None and self._compressing():
+            self._bucket_ready[b] = self._bucket_ready.get(b, 0) + 1
+            if self._bucket_ready[b] == len(self._plan.buckets[b]):
+                self._start_bucket(b)
+            return
+        if p.grad.is_sparse and not self._sparse_as_dense:
+            h = _hvd.sparse_allreduce_async(p.grad, name=self._name[p],
+                                            op=_hvd.Sum if self._op == SUM else _hvd.Average,
+                                            process_set=self._comm.process_set)
+            self._handles[p] = (h, "sparse")
+            return
+        group = self._groups.get(p)
+        if group is None:
+            self._handles[p] = self._allreduce_plain([p])[0]
+            return
+        self._group_ready[group] = self._group_ready.get(group, 0) + 1
+        if self._group_ready[group] == len(group):
+            for q, hc in zip(group, self._allreduce_plain(list(group))):
+                self._handles[q] = hc
+
+    def _dense_grad(self, p):
+        if p.grad.is_sparse:
+            p.grad = p.grad.to_dense()
+        return p.grad
+
+    def _allreduce_plain(self, ps):
+        """Horovod's contract: compress (a cast), sum/average, decompress. One handle per tensor."""
+        pre, post = 1.0 / self._predivide, self._predivide
+        codec = self._codec if (self._codec is not None and self._codec.summable
+                                and self._compressing()) else Compression.none
+        out, tensors = [], []
+        for p in ps:
+            g = self._dense_grad(p)
+            if self._hvd_compressor is not None:
+                t, ctx = self._hvd_compressor.compress(g)
+            elif g.is_floating_point() and codec.wire_dtype != "float32":
+                t, ctx = g.to(getattr(torch, codec.wire_dtype)), g.dtype
+            else:
+                t, ctx = g, None
+            tensors.append(t)
+            out.append(ctx)
+            self.stats.record(codec.name if self._hvd_compressor is None else "horovod",
+                              g.numel(), t.numel() * t.element_size(),
+                              ring_allreduce_bytes(t.numel() * t.element_size(), self._comm.size),
+                              ring_allreduce_bytes(4 * g.numel(), self._comm.size))
+        op = _hvd.Sum if self._op == SUM else _hvd.Average
+        ps_kw = dict(op=op, prescale_factor=pre, postscale_factor=post, process_set=self._comm.process_set)
+        if len(ps) > 1:
+            hs = _hvd.grouped_allreduce_async_(tensors, name=f"hvdp.group.{self._name[ps[0]]}", **ps_kw)
+            return [((hs, i, t), ctx) for i, (t, ctx) in enumerate(zip(tensors, out))]
+        return [((_hvd.allreduce_async_(tensors[0], name=self._name[ps[0]], **ps_kw), None, tensors[0]),
+                 out[0])]
+
+    def _start_bucket(self, b):
+        grads = [self._dense_grad(self._params[i]) for i in self._plan.buckets[b]]
+        flat = torch.cat([g.reshape(-1).float() for g in grads])
+        if self._predivide != 1.0:
+            flat = flat / self._predivide
+        self._bucket_pending[b] = self._reducer.start(f"b{b}", flat)
+
+    # --- synchronize / step -----------------------------------------------------------------
+    def synchronize(self):
+        """Finish every reduction of this step and write the averaged gradients into ``p.grad``."""
+        if not self._hooks:
+            self._synchronized = True
+            return
+        for p in self._params:  # unused in this step's graph, or fewer passes than configured
+            if self._delay[p] > 0 and (p not in self._handles):
+                self._delay[p] = 0
+                self._launch(p)
+        for b in range(len(self._plan.buckets)):  # a bucket with params never reaching a hook
+            if self._compressing() and b not in self._bucket_pending:
+                self._start_bucket(b)
+        for pend in self._bucket_pending.values():
+            self._reducer.exchange(pend)
+        done_groups = {}
+        for p, (h, ctx) in self._handles.items():
+            if ctx == "sparse":
+                p.grad = _hvd.synchronize(h)
+                continue
+            handle, i, t = h
+            if i is None:
+                _hvd.synchronize(handle)
+            else:
+                if id(handle) not in done_groups:
+                    done_groups[id(handle)] = _hvd.synchronize(handle)
+            if self._hvd_compressor is not None:
+                p.grad.copy_(self._hvd_compressor.decompress(t, ctx))
+            elif t is not p.grad:
+                p.grad.copy_(t)
+        for b, pend in self._bucket_pending.items():
+            flat, off = self._reducer.finish(pend), 0
+            for i in self._plan.buckets[b]:
+                g = self._params[i].grad
+                g.copy_(flat[off:off + g.numel()].view_as(g))
+                off += g.numel()
+        self._handles.clear()
+        self._bucket_pending.clear()
+        self._bucket_ready.clear()
+        self._group_ready.clear()
+        self._delay = {p: self._bpps for p in self._params}
+        self._step_count += 1
+        self.stats.end_step()
+        self._synchronized = True
+
+    @contextmanager
+    def skip_synchronize(self):
+        """Let ``step()`` skip its synchronize (already called by hand, e.g. for GradScaler)."""
+        self._should_synchronize = False
+        try:
+            yield
+        finally:
+            self._should_synchronize = True
+
+    def step(self, closure=None):
+        if self._should_synchronize:
+            if self._synchronized:
+                warnings.warn("optimizer.step() after optimizer.synchronize() reduces the gradients "
+                              "again; wrap the step in `with optimizer.skip_synchronize():`")
+            self.synchronize()
+        self._synchronized = False
+        return super(self.__class__, self).step(closure)
+
+    def zero_grad(self, set_to_none=True):
+        if self._handles or self._bucket_pending:
+            raise AssertionError("optimizer.zero_grad() between loss.backward() and optimizer.step() "
+                                 "(or synchronize()) would race with the gradient reduction; call it "
+                                 "before backward or after step")
+        return super(self.__class__, self).zero_grad(set_to_none=set_to_none)
+
+    # --- hvdp additions ---------------------------------------------------------------------
+    def compression_stats(self):
+        """Bytes handed to collectives per step by codec vs a float32 ring (see WireStats)."""
+        return dict(self.stats.summary(), codec=str(self._codec) if self._codec else "horovod",
+                    compressed_tensors=sum(len(b) for b in self._plan.buckets),
+                    plain_tensors=len(self._plan.plain))
+
+    def state_dict(self):
+        sd = super(self.__class__, self).state_dict()
+        sd["hvdp"] = {"step": self._step_count,
+                      "reducer": self._reducer.state_dict() if self._reducer else None}
+        return sd
+
+    def load_state_dict(self, state_dict):
+        state_dict = dict(state_dict)
+        extra = state_dict.pop("hvdp", None)
+        super(self.__class__, self).load_state_dict(state_dict)
+        if extra:
+            self._step_count = int(extra.get("step", 0))
+            if self._reducer is not None and extra.get("reducer"):
+                self._reducer.load_state_dict(extra["reducer"])
+
+
+def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
+                         backward_passes_per_step=1, op=_hvd.Average, gradient_predivide_factor=1.0,
+                         num_groups=0, groups=None, sparse_as_dense=False,
+                         process_set=_hvd.global_process_set, policy=None):
+    """Wrap a torch optimizer so each step averages gradients across workers first.
+
+    Horovod's arguments keep Horovod's meaning. ``compression`` also takes a codec name
+    ("none", "fp16", "bf16", "int8", "topk") or an ``hvd.Compression`` member; ``policy`` an
+    :class:`hvdp.CompressionPolicy` (size threshold, name patterns, warm-up, fusion, error feedback).
+
+    Example::
+
+        opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
+                                       compression="int8")
+    """
+    codec, hvd_compressor = resolve(compression)
+    if policy is None:
+        policy = CompressionPolicy()
+    elif not isinstance(policy, CompressionPolicy):
+        raise TypeError("policy must be an hvdp.CompressionPolicy")
+    if gradient_predivide_factor != 1.0 and op != _hvd.Average:
+        raise ValueError("gradient_predivide_factor is only supported with op=hvd.Average")
+    if backward_passes_per_step < 1:
+        raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
+    if op == _hvd.Adasum:
+        if codec is not None and not codec.summable:
+            raise ValueError(f"op=hvd.Adasum cannot combine with {codec.name} compression (Adasum "
+                             "needs whole tensors); use compression 'none' or 'fp16'")
+        hc = hvd_compressor or (_hvd.Compression.fp16 if codec.name == "fp16" else _hvd.Compression.none)
+        return _hvd.DistributedOptimizer(optimizer, named_parameters, hc, backward_passes_per_step,
+                                         op, gradient_predivide_factor, num_groups, groups,
+                                         sparse_as_dense, process_set)
+    if op not in (_hvd.Average, _hvd.Sum):
+        raise ValueError("op must be hvd.Average, hvd.Sum or hvd.Adasum")
+    if num_groups:
+        warnings.warn("num_groups is deprecated (as in Horovod): use groups=", DeprecationWarning)
+        groups = groups if groups is not None else num_groups
+    cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_DistributedOptimizer.__dict__))
+    return cls(optimizer.param_groups, named_parameters, codec, hvd_compressor, policy,
+               backward_passes_per_step, op, gradient_predivide_factor, groups, sparse_as_dense,
+               process_set)

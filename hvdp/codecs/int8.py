@@ -1,0 +1,47 @@
+"""Blockwise absmax 8-bit quantisation: one float32 scale per block of ``block_size`` values.
+
+q = round(x / s) with s = max|x| / 127 over the block, so |x - q*s| <= s/2 (half a step).
+A non-finite input element is sent as the spare code -128 and decodes to NaN at its position:
+quantisation never hides an inf/NaN, and the finite elements of its block keep their accuracy.
+"""
+from dataclasses import dataclass
+
+from .base import Codec, register
+
+_NONFINITE = -128
+
+
+@register
+@dataclass(frozen=True)
+class Int8(Codec):
+    name = "int8"
+    error_feedback_default = True
+    block_size: int = 256
+
+    def __post_init__(self):
+        if not isinstance(self.block_size, int) or self.block_size < 4 or self.block_size % 4:
+            raise ValueError(f"int8 block_size must be a positive multiple of 4, got {self.block_size!r}")
+
+    @property
+    def align(self):
+        return self.block_size
+
+    def payload_nbytes(self, n):
+        return n + 4 * (n // self.block_size)
+
+    def encode(self, ops, x):
+        n = ops.size(x)
+        x2 = ops.reshape(x, (n // self.block_size, self.block_size))
+        finite = ops.isfinite(x2)
+        scale = ops.amax_rows(ops.where(finite, ops.abs(x2), 0.0)) / 127.0
+        safe = ops.where(scale > 0, scale, 1.0)
+        q = ops.clip(ops.round(x2 / ops.reshape(safe, (-1, 1))), -127.0, 127.0)
+        q = ops.where(finite, q, float(_NONFINITE))
+        return ops.cat([ops.to_bytes(ops.cast(q, "int8")), ops.to_bytes(ops.cast(scale, "float32"))])
+
+    def decode(self, ops, payload, n):
+        q = ops.cast(ops.from_bytes(payload[:n], "int8"), "float32")
+        scale = ops.from_bytes(payload[n:], "float32")
+        q2 = ops.reshape(q, (n // self.block_size, self.block_size))
+        out = q2 * ops.reshape(scale, (-1, 1))
+        return ops.reshape(ops.where(q2 == float(_NONFINITE), float("nan"), out), (n,))

@@ -1,0 +1,16 @@
+"""Environment variables hvdp reads, in one place."""
+import os
+
+HVDP_FUSION_THRESHOLD = "HVDP_FUSION_THRESHOLD"          # bytes per compressed bucket
+HVDP_MIN_COMPRESS_ELEMENTS = "HVDP_MIN_COMPRESS_ELEMENTS"  # smaller tensors stay uncompressed
+HVDP_CACHE_DIR = "HVDP_CACHE_DIR"                        # set-up cache (scripts/setup.sh)
+
+
+def env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not an integer; unset it or give a number") from None

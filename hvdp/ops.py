@@ -1,0 +1,119 @@
+"""The array-ops protocol the codecs are written against, and its numpy reference.
+
+Every codec and the two-phase reducer touch arrays only through an ``ArrayOps`` object, so each
+algorithm exists once. An adapter fills the protocol with its framework's ops (torch, TF); the
+numpy implementation below is the reference the unit tests compare every adapter against.
+
+Conventions: arrays are 1-D or 2-D; dtypes are named by strings ("float32", "float16",
+"bfloat16", "int8", "uint8", "int32"). Arithmetic operators (``+ - * /``) and basic slicing
+``x[a:b]`` are assumed to work on every framework's arrays and are used directly.
+"""
+from __future__ import annotations
+
+from typing import Any, Protocol, Sequence
+
+import numpy as np
+
+Array = Any
+
+
+class ArrayOps(Protocol):
+    """What a framework must provide for hvdp's codecs and reducers to run on its arrays."""
+
+    name: str
+
+    def zeros(self, n: int, dtype: str = "float32", like: Array | None = None) -> Array: ...
+    def size(self, x: Array) -> int: ...
+    def reshape(self, x: Array, shape: Sequence[int]) -> Array: ...
+    def cat(self, xs: Sequence[Array]) -> Array: ...
+    def cast(self, x: Array, dtype: str) -> Array: ...
+    def to_bytes(self, x: Array) -> Array: ...            # uint8 view/copy of the raw bytes
+    def from_bytes(self, b: Array, dtype: str) -> Array: ...  # inverse of to_bytes
+    def abs(self, x: Array) -> Array: ...
+    def amax_rows(self, x2d: Array) -> Array: ...          # max over the last axis
+    def round(self, x: Array) -> Array: ...                # half to even
+    def clip(self, x: Array, lo: float, hi: float) -> Array: ...
+    def where(self, cond: Array, a: Array, b: Array) -> Array: ...
+    def isfinite(self, x: Array) -> Array: ...
+    def all_finite(self, x: Array) -> bool: ...
+    def topk_rows(self, score2d: Array, k: int) -> Array: ...  # int32 indices of the k largest
+    def gather_rows(self, x2d: Array, idx2d: Array) -> Array: ...
+    def scatter_rows(self, rows: int, cols: int, idx2d: Array, values2d: Array) -> Array: ...
+
+
+def _bf16_bits(x: np.ndarray) -> np.ndarray:
+    """float32 -> bfloat16 bit patterns (uint16), round to nearest even, NaN kept NaN."""
+    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    rounding = ((bits >> 16) & 1) + np.uint32(0x7FFF)
+    out = ((bits + rounding) >> 16).astype(np.uint16)
+    nan = np.isnan(x)
+    if nan.any():  # rounding a NaN payload could carry into the exponent: force a quiet NaN
+        out[nan] = ((bits[nan] >> 16) | 0x0040).astype(np.uint16)
+    return out
+
+
+class NumpyOps:
+    """Reference implementation of :class:`ArrayOps` (bfloat16 emulated on uint16 bits)."""
+
+    name = "numpy"
+    _DTYPES = {"float32": np.float32, "float16": np.float16, "int8": np.int8,
+               "uint8": np.uint8, "int32": np.int32, "bfloat16": np.uint16}
+
+    def zeros(self, n, dtype="float32", like=None):
+        return np.zeros(n, dtype=self._DTYPES[dtype])
+
+    def size(self, x):
+        return int(np.size(x))
+
+    def reshape(self, x, shape):
+        return np.reshape(x, shape)
+
+    def cat(self, xs):
+        return np.concatenate([np.ravel(x) for x in xs]) if len(xs) else np.zeros(0, np.float32)
+
+    def cast(self, x, dtype):
+        x = np.asarray(x)
+        if dtype == "bfloat16":
+            return x if x.dtype == np.uint16 else _bf16_bits(x.astype(np.float32))
+        if x.dtype == np.uint16:  # bfloat16 bits -> float
+            x = (x.astype(np.uint32) << 16).view(np.float32)
+        return x.astype(self._DTYPES[dtype])
+
+    def to_bytes(self, x):
+        return np.ascontiguousarray(x).view(np.uint8).ravel()
+
+    def from_bytes(self, b, dtype):
+        return np.ascontiguousarray(b).view(self._DTYPES[dtype])
+
+    def abs(self, x):
+        return np.abs(x)
+
+    def amax_rows(self, x2d):
+        return np.max(x2d, axis=-1) if x2d.shape[-1] else np.zeros(x2d.shape[0], x2d.dtype)
+
+    def round(self, x):
+        return np.rint(x)
+
+    def clip(self, x, lo, hi):
+        return np.clip(x, lo, hi)
+
+    def where(self, cond, a, b):
+        return np.where(cond, a, b)
+
+    def isfinite(self, x):
+        return np.isfinite(x)
+
+    def all_finite(self, x):
+        return bool(np.isfinite(x).all())
+
+    def topk_rows(self, score2d, k):
+        # largest first, ties by lower index
+        return np.argsort(-score2d, axis=-1, kind="stable")[:, :k].astype(np.int32)
+
+    def gather_rows(self, x2d, idx2d):
+        return np.take_along_axis(x2d, idx2d.astype(np.int64), axis=-1)
+
+    def scatter_rows(self, rows, cols, idx2d, values2d):
+        out = np.zeros((rows, cols), dtype=np.float32)
+        np.put_along_axis(out, idx2d.astype(np.int64), values2d.astype(np.float32), axis=-1)
+        return out

@@ -1,0 +1,61 @@
+"""Wire-byte accounting: what each step handed to the collectives, against the fp32 ring."""
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Dict
+
+
+def ring_allreduce_bytes(nbytes: int, p: int) -> float:
+    """Bytes one worker sends in a ring allreduce of an ``nbytes`` buffer: 2(P-1)/P * nbytes."""
+    return 2.0 * (p - 1) / p * nbytes if p > 1 else 0.0
+
+
+def two_phase_bytes(payload_nbytes: int, p: int) -> float:
+    """Bytes one worker sends in hvdp's alltoall + allgather of P payloads of ``payload_nbytes``."""
+    return 2.0 * (p - 1) * payload_nbytes if p > 1 else 0.0
+
+
+class WireStats:
+    """Per-codec totals for the last completed step and since the start.
+
+    ``sent`` is the bytes leaving this worker (ring / pairwise formulas applied to the buffers
+    actually handed to the collectives); ``fp32`` what a float32 ring allreduce of the same
+    gradients would send; ``handed`` the raw size of those buffers.
+    """
+
+    __slots__ = ("_step", "_last", "_total", "steps")
+
+    def __init__(self):
+        self._step: Dict[str, Dict[str, float]] = defaultdict(lambda: defaultdict(float))
+        self._last: Dict[str, Dict[str, float]] = {}
+        self._total: Dict[str, Dict[str, float]] = defaultdict(lambda: defaultdict(float))
+        self.steps = 0
+
+    def record(self, codec: str, elements: int, handed: int, sent: float, fp32: float) -> None:
+        row = self._step[codec]
+        row["tensors"] += 1
+        row["elements"] += elements
+        row["handed"] += handed
+        row["sent"] += sent
+        row["fp32"] += fp32
+
+    def end_step(self) -> None:
+        self._last = {k: dict(v) for k, v in self._step.items()}
+        for k, v in self._step.items():
+            for f, x in v.items():
+                self._total[k][f] += x
+        self._step.clear()
+        self.steps += 1
+
+    @staticmethod
+    def _summary(rows: Dict[str, Dict[str, float]]) -> dict:
+        out = {k: dict(v, ratio=(v["sent"] / v["fp32"] if v["fp32"] else 1.0)) for k, v in rows.items()}
+        sent = sum(v["sent"] for v in rows.values())
+        fp32 = sum(v["fp32"] for v in rows.values())
+        out["all"] = {"sent": sent, "fp32": fp32, "ratio": sent / fp32 if fp32 else 1.0}
+        return out
+
+    def summary(self) -> dict:
+        """``{"last_step": {codec: {...}, "all": {...}}, "total": {...}, "steps": n}``."""
+        return {"last_step": self._summary(self._last), "total": self._summary(self._total),
+                "steps": self.steps}

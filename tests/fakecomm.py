@@ -1,0 +1,49 @@
+"""In-process stand-in for P workers' collectives, for unit tests of the core (no processes).
+
+Each worker gets a ``FakeComm``; an operation is complete once every worker has posted its part,
+so a test drives all workers phase by phase (all start, all exchange, all finish).
+"""
+import numpy as np
+
+from hvdp.collectives import AVERAGE
+
+
+class FakeGroup:
+    def __init__(self, size):
+        self.size = size
+        self.board = {}
+        self.comms = [FakeComm(self, r) for r in range(size)]
+
+
+class FakeComm:
+    def __init__(self, group, rank):
+        self.group, self.rank = group, rank
+
+    @property
+    def size(self):
+        return self.group.size
+
+    def _post(self, kind, name, buf):
+        self.group.board.setdefault((kind, name), {})[self.rank] = np.array(buf, copy=True)
+        return (kind, name, self.rank)
+
+    def allreduce_async(self, x, name, op, prescale=1.0, postscale=1.0):
+        return self._post("allreduce", name, np.asarray(x) * prescale) + ((op, postscale),)
+
+    def alltoall_async(self, buf, name):
+        return self._post("alltoall", name, buf)
+
+    def allgather_async(self, buf, name):
+        return self._post("allgather", name, buf)
+
+    def wait(self, handle):
+        kind, name, rank = handle[:3]
+        parts = self.group.board[(kind, name)]
+        assert len(parts) == self.size, f"{kind} {name}: only {len(parts)} of {self.size} posted"
+        if kind == "allgather":
+            return np.concatenate([parts[r] for r in range(self.size)])
+        if kind == "alltoall":
+            return np.concatenate([np.split(parts[r], self.size)[rank] for r in range(self.size)])
+        op, post = handle[3]
+        total = sum(parts[r] for r in range(self.size)) * post
+        return total / self.size if op == AVERAGE else total
