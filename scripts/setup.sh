@@ -13,6 +13,8 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 CACHE=${HVDP_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/hvdp}
 PYTHON=${HVDP_PYTHON:-python3}
 T0=$(date +%s)
+# pip warns about every extra index location that a machine's pip config names but lacks
+quiet() { "$@" 2>&1 | { grep -v '^WARNING: Location' || true; }; }
 say() { printf '[setup %3ss] %s\n' "$(( $(date +%s) - T0 ))" "$*"; }
 
 # --- 1. system packages ----------------------------------------------------------------------
@@ -51,8 +53,8 @@ if [[ ! -f "$ENV_DIR/.complete" ]]; then
     rm -rf "$ENV_DIR"
     say "creating dependency environment $ENV_DIR"
     "$PYTHON" -m venv "$ENV_DIR"
-    "$ENV_DIR/bin/pip" install --quiet --upgrade "setuptools<81" wheel
-    "$ENV_DIR/bin/pip" install --quiet -r "$ROOT/requirements/deps.txt"
+    quiet "$ENV_DIR/bin/pip" install --quiet --upgrade "setuptools<81" wheel
+    quiet "$ENV_DIR/bin/pip" install --quiet -r "$ROOT/requirements/deps.txt"
     say "dependencies installed"
     if ! ls "$WHEEL_DIR"/horovod-*.whl >/dev/null 2>&1; then
         say "building Horovod $HVD_VER (cache miss: $HVD_KEY); takes a few minutes"
@@ -64,8 +66,8 @@ if [[ ! -f "$ENV_DIR/.complete" ]]; then
     else
         say "Horovod wheel from cache: $WHEEL_DIR"
     fi
-    "$ENV_DIR/bin/pip" install --quiet --no-deps "$WHEEL_DIR"/horovod-*.whl
-    "$ENV_DIR/bin/horovodrun" --check-build | grep -q "\[X\] PyTorch" \
+    quiet "$ENV_DIR/bin/pip" install --quiet --no-deps "$WHEEL_DIR"/horovod-*.whl
+    "$ENV_DIR/bin/horovodrun" --check-build 2>/dev/null | grep -q "\[X\] PyTorch" \
         || { echo "hvdp setup: Horovod installed but PyTorch support missing" >&2; exit 1; }
     touch "$ENV_DIR/.complete"
 fi
@@ -91,7 +93,7 @@ if [[ "$(cat "$VENV/.hvdp-env" 2>/dev/null)" != "$ENV_DIR" ]]; then
             ln -s "$f" "$VENV/bin/$name"
         fi
     done
-    "$VENV/bin/pip" install --quiet --no-deps --no-build-isolation -e "$ROOT"
+    quiet "$VENV/bin/pip" install --quiet --no-deps --no-build-isolation -e "$ROOT"
     echo "$ENV_DIR" > "$VENV/.hvdp-env"
     say ".venv ready (dependencies: $ENV_DIR)"
 fi

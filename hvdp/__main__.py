@@ -1,0 +1,15 @@
+"""``python -m hvdp doctor``."""
+import sys
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["doctor"]:
+        from .doctor import main as doctor
+        return doctor(argv[1:])
+    print("usage: python -m hvdp doctor", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

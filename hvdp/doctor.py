@@ -1,0 +1,172 @@
+"""``python -m hvdp doctor``: what this Horovod can do here, and the known pitfalls with their fixes.
+
+The probes run in subprocesses, so a broken extension (an ABI mismatch that crashes on import)
+is reported instead of taking the doctor down, and hvdp itself imports no framework.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from importlib import metadata
+
+_PROBE = r"""
+import json, sys, os
+out = {}
+try:
+    import horovod
+    out["horovod_file"] = horovod.__file__
+    from horovod.common import util
+except Exception as e:
+    print(json.dumps({"error": f"{type(e).__name__}: {e}"})); sys.exit(0)
+mods = {"torch": "horovod.torch", "tensorflow": "horovod.tensorflow"}
+for fw, mod in mods.items():
+    try:
+        m = __import__(mod, fromlist=["mpi_built"])
+        out[fw] = {"ok": True, "mpi": bool(m.mpi_built()), "gloo": bool(m.gloo_built()),
+                   "nccl": bool(m.nccl_built()), "ddl": bool(m.ddl_built()), "ccl": bool(m.ccl_built()),
+                   "lib": getattr(m.mpi_ops if hasattr(m, "mpi_ops") else m, "__file__", "")}
+    except ImportError as e:
+        out[fw] = {"ok": False, "error": str(e)}
+    except Exception as e:
+        out[fw] = {"ok": False, "error": f"{type(e).__name__}: {e}"}
+print(json.dumps(out))
+"""
+
+_MPI4PY_PROBE = r"""
+import json
+from mpi4py import MPI
+import mpi4py.MPI as m
+print(json.dumps({"library": MPI.Get_library_version().strip().splitlines()[0], "file": m.__file__}))
+"""
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _run_probe(code: str, timeout: int = 120) -> dict:
+    try:
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": f"probe timed out after {timeout}s"}
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
+    if r.returncode != 0 or not lines:
+        tail = (r.stderr or r.stdout).strip().splitlines()[-3:]
+        return {"error": f"probe exited {r.returncode}: {' | '.join(tail)}"}
+    return json.loads(lines[-1])
+
+
+def _libmpi(path: str) -> str | None:
+    """The libmpi a shared object resolves to (via ldd), or None."""
+    if not path or not os.path.exists(path) or not shutil.which("ldd"):
+        return None
+    out = subprocess.run(["ldd", path], capture_output=True, text=True).stdout
+    m = re.search(r"libmpi\.so[.\d]*\s*=>\s*(\S+)", out)
+    return os.path.realpath(m.group(1)) if m else None
+
+
+def _horovod_libs(horovod_file: str) -> dict:
+    root = os.path.dirname(horovod_file)
+    libs = {}
+    for fw in ("torch", "tensorflow"):
+        d = os.path.join(root, fw)
+        if os.path.isdir(d):
+            for f in sorted(os.listdir(d)):
+                if f.startswith("mpi_lib") and f.endswith(".so"):
+                    libs[fw] = os.path.join(d, f)
+    return libs
+
+
+def diagnose() -> dict:
+    """Collect versions, build facts and pitfalls. Pure data; ``main`` prints it."""
+    mpirun = shutil.which("mpirun")
+    mpi_version = None
+    if mpirun:
+        first = subprocess.run([mpirun, "--version"], capture_output=True, text=True).stdout.splitlines()
+        mpi_version = first[0].strip() if first else None
+    report = {
+        "versions": {
+            "python": sys.version.split()[0], "hvdp": _version("hvdp"), "horovod": _version("horovod"),
+            "torch": _version("torch"),
+            "tensorflow": _version("tensorflow-cpu") or _version("tensorflow"),
+            "keras": _version("keras"), "mpi4py": _version("mpi4py"), "mpi": mpi_version,
+        },
+        "pitfalls": [],
+    }
+    pit = report["pitfalls"]
+    if not report["versions"]["horovod"]:
+        pit.append(("Horovod is not installed", "run `make setup` (scripts/setup.sh) to build it"))
+        report["usable"] = False
+        return report
+    probe = _run_probe(_PROBE)
+    report["probe"] = probe
+    if "error" in probe:
+        pit.append((f"importing horovod failed: {probe['error']}", "rebuild with `make setup`"))
+        report["usable"] = False
+        return report
+    frameworks = {fw: probe[fw] for fw in ("torch", "tensorflow") if fw in probe}
+    for fw, info in frameworks.items():
+        if not info["ok"] and report["versions"][fw]:
+            err = info["error"]
+            fix = ("Horovod was built against another version of " + fw + "; rebuild it for the "
+                   "installed one: `make setup` (the wheel cache is keyed by versions)"
+                   if "undefined symbol" in err or "version" in err.lower() else
+                   "rebuild Horovod with this framework installed (HOROVOD_WITH_" +
+                   ("PYTORCH" if fw == "torch" else "TENSORFLOW") + "=1): `make setup`")
+            pit.append((f"horovod.{fw} does not load: {err[:200]}", fix))
+    libs = _horovod_libs(probe["horovod_file"])
+    hvd_mpi = {_libmpi(p) for p in libs.values()} - {None}
+    if report["versions"]["mpi4py"]:
+        m4 = _run_probe(_MPI4PY_PROBE)
+        report["mpi4py"] = m4
+        m4_lib = _libmpi(m4.get("file", "")) if "error" not in m4 else None
+        if "error" in m4:
+            pit.append((f"mpi4py does not load: {m4['error']}", "pip install --no-binary mpi4py mpi4py"))
+        elif hvd_mpi and m4_lib and m4_lib not in hvd_mpi:
+            pit.append((f"mpi4py uses {m4_lib} but Horovod uses {', '.join(sorted(hvd_mpi))}: "
+                        "hvd.init(comm=...) will fail or hang",
+                        "rebuild mpi4py against the same MPI: pip install --force-reinstall "
+                        "--no-binary mpi4py mpi4py"))
+    if report["versions"]["keras"] and report["versions"]["keras"].split(".")[0] >= "3":
+        report["notes"] = ["horovod.tensorflow.keras does not work on Keras 3 (horovod issue #4290); "
+                           "hvdp.keras is the replacement",
+                           "Horovod's XLA ops are not built (TF 2.21): keep hvdp's ops out of "
+                           "jit_compile=True functions"]
+    if os.geteuid() == 0:
+        report.setdefault("notes", []).append(
+            "running as root: Open MPI needs --allow-run-as-root (horovodrun passes it)")
+    ok = [fw for fw, info in frameworks.items() if info["ok"]]
+    report["frameworks"] = {fw: frameworks[fw] for fw in ok}
+    report["usable"] = bool(ok) and any(frameworks[f]["mpi"] or frameworks[f]["gloo"] for f in ok)
+    if not report["usable"]:
+        pit.append(("no framework has a working Horovod with MPI or Gloo", "rebuild with `make setup`"))
+    return report
+
+
+def main(argv=None) -> int:
+    r = diagnose()
+    print("hvdp doctor")
+    print("versions:")
+    for k, v in r["versions"].items():
+        print(f"  {k:<11} {v or 'not installed'}")
+    for fw, info in r.get("frameworks", {}).items():
+        name = {"torch": "PyTorch", "tensorflow": "TensorFlow"}[fw]
+        ctl = [c for c in ("mpi", "gloo") if info[c]]
+        ops = [o for o in ("nccl", "ddl", "ccl") if info[o]] + [c for c in ("mpi", "gloo") if info[c]]
+        print(f"framework {name:<10} controllers: {', '.join(c.upper() if c == 'mpi' else c.capitalize() for c in ctl)}"
+              f"   tensor ops: {', '.join(o.upper() if o != 'gloo' else 'Gloo' for o in ops)}")
+    if "mpi4py" in r and "library" in r["mpi4py"]:
+        print(f"mpi4py MPI  {r['mpi4py']['library']}")
+    for note in r.get("notes", []):
+        print(f"note: {note}")
+    for problem, fix in r["pitfalls"]:
+        print(f"PROBLEM: {problem}\n  fix: {fix}")
+    print("status: " + ("usable" if r["usable"] else "UNUSABLE"))
+    return 0 if r["usable"] else 1

@@ -1,0 +1,48 @@
+"""Drop-in use, Horovod inside an MPI program, the doctor, and the main job."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import CONTROLLERS, ROOT, WORKERS, checks_passed, horovodrun
+
+pytestmark = pytest.mark.parallel
+
+
+@pytest.mark.parametrize("controller", CONTROLLERS)
+def test_horovod_style_script_changed_only_in_import(controller):
+    rc, out = horovodrun([os.path.join(WORKERS, "horovod_style.py")], controller=controller)
+    assert rc == 0 and checks_passed(out).get("horovod_style") == {"0", "1"}, out[-3000:]
+    with open(os.path.join(WORKERS, "horovod_style.py")) as f:
+        assert "import hvdp.torch as hvd  # was: import horovod.torch as hvd" in f.read()
+
+
+def test_init_with_mpi4py_communicator():
+    rc, out = horovodrun([os.path.join(WORKERS, "mpi4py_init.py")], controller="mpi")
+    assert rc == 0 and checks_passed(out).get("mpi4py") == {"0", "1"}, out[-3000:]
+
+
+def test_doctor_lists_frameworks_controllers_and_ops():
+    r = subprocess.run([sys.executable, "-m", "hvdp", "doctor"], capture_output=True, text=True,
+                       timeout=300, cwd=ROOT)
+    out = r.stdout
+    assert r.returncode == 0, out + r.stderr
+    for fw in ("PyTorch", "TensorFlow"):
+        line = next(ln for ln in out.splitlines() if ln.startswith(f"framework {fw}"))
+        assert "controllers: MPI, Gloo" in line, line
+    for key in ("horovod", "torch", "tensorflow", "keras", "mpi4py", "mpi"):
+        line = next(ln for ln in out.splitlines() if ln.strip().startswith(key + " "))
+        assert "not installed" not in line, line
+    assert "status: usable" in out and "PROBLEM" not in out, out
+
+
+def test_main_job_reaches_accuracy(tmp_path):
+    res = tmp_path / "res.json"
+    rc, out = horovodrun([os.path.join(ROOT, "examples", "torch_digits.py"), "--compression", "int8",
+                          "--quiet", "--json-out", str(res)], timeout=400)
+    assert rc == 0, out[-3000:]
+    got = json.loads(res.read_text())
+    assert got["size"] == 2 and got["test_accuracy"] >= 0.90, got
+    assert got["wire_ratio"] < 0.5, got  # most bytes are int8-compressed

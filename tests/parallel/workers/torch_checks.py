@@ -1,0 +1,281 @@
+"""Checks of hvdp.torch that need real workers. Each rank runs the named checks in order and
+prints 'CHECK <name> OK rank=<r>'; a failed check raises, which fails the horovodrun job."""
+import copy
+import sys
+import warnings
+
+import numpy as np
+import torch
+
+import hvdp.torch as hvd
+
+sys.path.insert(0, __file__.rsplit("/tests/", 1)[0] + "/tests")
+from fakecomm import FakeGroup  # noqa: E402
+from hvdp import codecs  # noqa: E402
+from hvdp.ops import NumpyOps  # noqa: E402
+from hvdp.twophase import TwoPhaseReducer  # noqa: E402
+
+TOL = 1e-5  # float32 training of a few steps: summation order differs between 1 and 2 workers
+
+
+def model_and_data(seed=0, n=64):
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(20, 64), torch.nn.Tanh(), torch.nn.Linear(64, 3))
+    g = torch.Generator().manual_seed(1234)
+    x = torch.randn(n, 20, generator=g)
+    y = torch.randint(0, 3, (n,), generator=g)
+    return model, x, y
+
+
+def params_close(a, b, tol=TOL):
+    for (k, p), q in zip(a.named_parameters(), b.parameters()):
+        err = (p - q).abs().max().item()
+        assert err <= tol, f"{k}: max |diff| {err:.3g} > {tol}"
+
+
+def ranks_identical(model):
+    for k, p in model.named_parameters():
+        allp = hvd.allgather(p.detach().reshape(1, -1), name=f"ident.{k}")
+        assert torch.equal(allp[0], allp[-1]), f"{k} differs between ranks"
+
+
+def my_slice(n):
+    per = n // hvd.size()
+    return slice(hvd.rank() * per, (hvd.rank() + 1) * per)
+
+
+def check_grad_average():
+    model, x, y = model_and_data()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters())
+    local = copy.deepcopy(model)
+    sl = my_slice(len(x))
+    torch.nn.functional.cross_entropy(local(x[sl]), y[sl]).backward()
+    torch.nn.functional.cross_entropy(model(x[sl]), y[sl]).backward()
+    opt.synchronize()
+    for (k, p), q in zip(model.named_parameters(), local.parameters()):
+        everyone = hvd.allgather(q.grad.reshape(1, -1), name=f"ga.{k}")
+        exact = everyone.double().mean(0).reshape(p.shape)
+        assert (p.grad.double() - exact).abs().max() <= 1e-6, k
+
+
+def train(model, opt, x, y, steps, bpps=1):
+    for _ in range(steps):
+        opt.zero_grad()
+        for xb, yb in zip(x.chunk(bpps), y.chunk(bpps)):
+            (torch.nn.functional.cross_entropy(model(xb), yb) / bpps).backward()
+        opt.step()
+
+
+def check_two_workers_equal_one(bpps=1, steps=5):
+    model, x, y = model_and_data(n=16 * hvd.size() * bpps)
+    ref = copy.deepcopy(model)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+                                   named_parameters=model.named_parameters(),
+                                   backward_passes_per_step=bpps)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+    # each rank: its own contiguous share of every pass; the reference sees the whole batch
+    per_pass = len(x) // bpps
+    mine = torch.cat([torch.arange(k * per_pass, (k + 1) * per_pass)[my_slice(per_pass)]
+                      for k in range(bpps)])
+    train(model, opt, x[mine], y[mine], steps, bpps)
+    for _ in range(steps):
+        ref_opt.zero_grad()
+        torch.nn.functional.cross_entropy(ref(x), y).backward()
+        ref_opt.step()
+    params_close(model, ref)
+    ranks_identical(model)
+
+
+def check_broadcast():
+    model, x, y = model_and_data(seed=100 + hvd.rank())  # different initial weights per rank
+    opt = hvd.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=1e-3),
+                                   named_parameters=model.named_parameters(), compression="int8")
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    ranks_identical(model)
+    train(model, opt, x[my_slice(len(x))], y[my_slice(len(x))], 2)
+    ranks_identical(model)
+    st = opt.state_dict()["state"][0]["exp_avg"]
+    allst = hvd.allgather(st.reshape(1, -1), name="bcast.state")
+    assert torch.equal(allst[0], allst[-1])
+
+
+def check_amp_gradscaler():
+    """Horovod's documented recipe: synchronize, unscale_, clip, step under skip_synchronize."""
+    model, x, y = model_and_data(n=32 * hvd.size())
+    ref = copy.deepcopy(model)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters())
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    scaler, ref_scaler = torch.amp.GradScaler("cpu"), torch.amp.GradScaler("cpu")
+    sl = my_slice(len(x))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "step() after synchronize()" double reduction
+        for _ in range(3):
+            opt.zero_grad()
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = torch.nn.functional.cross_entropy(model(x[sl]), y[sl])
+            scaler.scale(loss).backward()
+            opt.synchronize()
+            scaler.unscale_(opt)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 10.0)
+            with opt.skip_synchronize():
+                scaler.step(opt)
+            scaler.update()
+    for _ in range(3):
+        ref_opt.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = torch.nn.functional.cross_entropy(ref(x), y)
+        ref_scaler.scale(loss).backward()
+        ref_scaler.unscale_(ref_opt)
+        torch.nn.utils.clip_grad_norm_(ref.parameters(), 10.0)
+        ref_scaler.step(ref_opt)
+        ref_scaler.update()
+    assert scaler.get_scale() == ref_scaler.get_scale()  # no step skipped
+    params_close(model, ref, tol=2e-2)  # bf16 autocast on half vs whole batch rounds differently
+    ranks_identical(model)
+
+
+def reference_two_phase(codec, flats, ef=False):
+    """The numpy reference of the whole reduction, on every rank's flat bucket."""
+    group = FakeGroup(len(flats))
+    reds = [TwoPhaseReducer(codec, NumpyOps(), c, ef) for c in group.comms]
+    pend = [r.start("b", f) for r, f in zip(reds, flats)]
+    for r, p in zip(reds, pend):
+        r.exchange(p)
+    return reds[0].finish(pend[0])
+
+
+def check_codecs():
+    bounds = {"fp16": 2 ** -10, "bf16": 2 ** -7}
+    for name in ["fp16", "bf16", "int8", "topk"]:
+        model, x, y = model_and_data(seed=7)
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                       named_parameters=model.named_parameters(), compression=name,
+                                       policy=hvd.CompressionPolicy(min_elements=1))
+        sl = my_slice(len(x))
+        torch.nn.functional.cross_entropy(model(x[sl]), y[sl]).backward()
+        local = [p.grad.detach().clone() for p in model.parameters()]
+        opt.synchronize()
+        everyone = [hvd.allgather(g.reshape(1, -1), name=f"cd.{name}.{i}") for i, g in enumerate(local)]
+        exact = [e.double().mean(0).reshape(g.shape) for e, g in zip(everyone, local)]
+        got = [p.grad for p in model.parameters()]
+        if name in bounds:  # one rounding of each input and (bf16) of the sum
+            for g, e in zip(got, exact):
+                err = (g.double() - e).abs()
+                assert torch.all(err <= 3 * bounds[name] * everyone_max(e) + 1e-12), name
+        else:
+            # bitwise-level agreement with the numpy reference on the same buckets
+            plan = opt._plan
+            params = list(model.parameters())
+            for bi, idx in enumerate(plan.buckets):
+                flats = [np.concatenate([everyone[i][r].numpy() for i in idx]) for r in range(hvd.size())]
+                ref = reference_two_phase(opt._reducer.codec, flats, ef=False)
+                mine = torch.cat([params[i].grad.reshape(-1) for i in idx]).numpy()
+                np.testing.assert_allclose(mine, ref, rtol=1e-6, atol=1e-9, err_msg=name)
+            if name == "int8":  # and the derived bound against the exact average:
+                # half a step of each worker's block (<= its largest |g| / 254, averaged) plus half
+                # a step of re-encoding the reduced block; blocks span tensors of a bucket, so the
+                # largest magnitudes over all tensors bound every block
+                gmax = max(e.abs().max().item() for e in everyone)
+                emax = max(e.abs().max().item() for e in exact)
+                bound = gmax / 254 + (emax + gmax / 254) / 254
+                for g, e in zip(got, exact):
+                    assert (g.double() - e).abs().max().item() <= bound * 1.001, name
+        print(f"  {name}: max |err| vs exact average "
+              f"{max((g.double() - e).abs().max().item() for g, e in zip(got, exact)):.3g}", flush=True)
+
+
+def everyone_max(t):
+    return t.abs().max().item()
+
+
+def check_state_dict_carries_error_feedback():
+    model, x, y = model_and_data(seed=3)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters(), compression="int8",
+                                   policy=hvd.CompressionPolicy(min_elements=1))
+    sl = my_slice(len(x))
+    train(model, opt, x[sl], y[sl], 3)
+    sd = copy.deepcopy(opt.state_dict())
+    res = sd["hvdp"]["reducer"]["worker"]
+    assert res and all(torch.count_nonzero(v) > 0 for v in res.values())
+    model2 = copy.deepcopy(model)
+    opt2 = hvd.DistributedOptimizer(torch.optim.SGD(model2.parameters(), lr=0.1),
+                                    named_parameters=model2.named_parameters(), compression="int8",
+                                    policy=hvd.CompressionPolicy(min_elements=1))
+    opt2.load_state_dict(sd)
+    for k, v in res.items():
+        assert torch.equal(opt2._reducer.worker_residual[k], v)
+    train(model, opt, x[sl], y[sl], 1)
+    train(model2, opt2, x[sl], y[sl], 1)
+    params_close(model, model2, tol=0.0)  # the same residuals give the same next step
+    # without the residuals the next step differs: the state matters
+    model3 = copy.deepcopy(model2)
+    opt3 = hvd.DistributedOptimizer(torch.optim.SGD(model3.parameters(), lr=0.1),
+                                    named_parameters=model3.named_parameters(), compression="int8",
+                                    policy=hvd.CompressionPolicy(min_elements=1))
+    train(model2, opt2, x[sl], y[sl], 1)
+    train(model3, opt3, x[sl], y[sl], 1)
+    assert any(not torch.equal(p, q) for p, q in zip(model2.parameters(), model3.parameters()))
+
+
+def check_nonfinite_agreed():
+    for name in ["none", "int8", "bf16"]:
+        model, x, y = model_and_data()
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                       named_parameters=model.named_parameters(), compression=name,
+                                       policy=hvd.CompressionPolicy(min_elements=1))
+        sl = my_slice(len(x))
+        if hvd.rank() == hvd.size() - 1:  # an overflow in one worker's backward
+            def poison(g):
+                g = g.clone()
+                g[3, 4] = float("inf")
+                return g
+            model[0].weight.register_hook(poison)
+        torch.nn.functional.cross_entropy(model(x[sl]), y[sl]).backward()
+        opt.synchronize()
+        g = model[0].weight.grad
+        assert not torch.isfinite(g[3, 4]), name
+        assert torch.isfinite(g).sum() == g.numel() - 1, name
+        flags = hvd.allgather(torch.tensor([[int(torch.isfinite(p.grad).all()) for p in model.parameters()]]),
+                              name=f"nf.{name}")
+        assert torch.equal(flags[0], flags[-1]), name
+
+
+def check_errors():
+    model, _, _ = model_and_data()
+    try:
+        hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), compression="int4")
+    except ValueError as e:
+        assert "valid names" in str(e) and "int8" in str(e)
+    else:
+        raise AssertionError("unknown codec accepted")
+    try:
+        hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                 named_parameters=[("a", model[0].weight)])
+    except ValueError as e:
+        assert "not in it" in str(e)
+    else:
+        raise AssertionError("partial named_parameters accepted")
+
+
+CHECKS = {
+    "grad_average": check_grad_average,
+    "two_equal_one": check_two_workers_equal_one,
+    "bpps": lambda: check_two_workers_equal_one(bpps=3),
+    "broadcast": check_broadcast,
+    "amp": check_amp_gradscaler,
+    "codecs": check_codecs,
+    "state": check_state_dict_carries_error_feedback,
+    "nonfinite": check_nonfinite_agreed,
+    "errors": check_errors,
+}
+
+if __name__ == "__main__":
+    hvd.init()
+    torch.set_num_threads(1)
+    for name in sys.argv[1:] or list(CHECKS):
+        CHECKS[name]()
+        print(f"CHECK {name} OK rank={hvd.rank()}", flush=True)

@@ -1,0 +1,49 @@
+"""The torch adapter without processes: its ops against the numpy reference, and its API surface."""
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+hvd_torch = pytest.importorskip("horovod.torch")
+
+import hvdp.torch as hvd  # noqa: E402
+from hvdp import codecs  # noqa: E402
+from hvdp.ops import NumpyOps  # noqa: E402
+
+RNG = np.random.default_rng(5)
+
+
+@pytest.mark.parametrize("name", ["none", "fp16", "bf16", "int8", "topk"])
+def test_torch_ops_match_numpy_reference(name):
+    codec = codecs.get(name)
+    x = (RNG.standard_normal(4096) * RNG.uniform(0.01, 100, 4096)).astype(np.float32)
+    x[2000] = -np.inf
+    ref_payload = codec.encode(NumpyOps(), x)
+    payload = codec.encode(hvd.TorchOps(), torch.from_numpy(x.copy()))
+    np.testing.assert_array_equal(payload.numpy(), ref_payload)  # same bytes on the wire
+    # with a NaN, bit patterns of NaN may differ (torch's bf16 NaN is 0xFFFF): decode must agree
+    x[17] = np.nan
+    ref_payload = codec.encode(NumpyOps(), x)
+    payload = codec.encode(hvd.TorchOps(), torch.from_numpy(x.copy()))
+    ref = codec.decode(NumpyOps(), ref_payload, x.size)
+    got = codec.decode(hvd.TorchOps(), payload, x.size).numpy()
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(ref))
+    np.testing.assert_array_equal(got[~np.isnan(got)], ref[~np.isnan(ref)])
+
+
+def test_every_horovod_torch_name_is_reachable():
+    public = [n for n in dir(hvd_torch) if not n.startswith("_")]
+    missing = [n for n in public if not hasattr(hvd, n)]
+    assert not missing, missing
+    assert len(public) > 50
+
+
+def test_compression_members_and_horovod_compressors():
+    from hvdp.torch.compression import resolve
+    assert {hvd.Compression.int8.name, hvd.Compression.bf16.name, hvd.Compression.topk.name} == \
+        {"int8", "bf16", "topk"}
+    assert resolve(hvd_torch.Compression.fp16)[0].name == "fp16"
+    assert resolve(hvd_torch.Compression.none)[0].name == "none"
+    assert resolve("BF16")[0].name == "bf16"
+    assert hvd.Compression.topk.configure(ratio=0.1).ratio == 0.1
+    with pytest.raises(ValueError, match="valid names"):
+        resolve("int3")
