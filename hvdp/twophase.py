@@ -55,6 +55,8 @@ class TwoPhaseReducer:
         self.server_residual: Dict[str, Array] = {}
 
     def _finite_or_zero(self, r):
+        if self.ops.all_finite(r):
+            return r
         return self.ops.where(self.ops.isfinite(r), r, 0.0)
 
     def _encode_with_feedback(self, x, residuals, name):

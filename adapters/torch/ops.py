@@ -52,7 +52,12 @@ class TorchOps:
         return torch.isfinite(x)
 
     def all_finite(self, x):
-        return bool(torch.isfinite(x).all())
+        # one read pass, no temporary: any inf/NaN makes the sum non-finite (an overflowing sum
+        # of finite values says False too, which only costs the general path)
+        return bool(torch.isfinite(x.sum()))
+
+    def all_nonnegative(self, x):
+        return bool((x.min() >= 0)) if x.numel() else True
 
     def topk_rows(self, score2d, k):
         return torch.topk(score2d, k, dim=-1, largest=True, sorted=True).indices.to(torch.int32)

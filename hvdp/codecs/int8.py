@@ -3,12 +3,14 @@
 q = round(x / s) with s = max|x| / 127 over the block, so |x - q*s| <= s/2 (half a step).
 A non-finite input element is sent as the spare code -128 and decodes to NaN at its position:
 quantisation never hides an inf/NaN, and the finite elements of its block keep their accuracy.
+Such a block is flagged by a negative stored scale, so blocks without one decode in two passes.
 """
 from dataclasses import dataclass
 
 from .base import Codec, register
 
 _NONFINITE = -128
+_TINY = 1e-38  # flag magnitude for a flagged block whose finite elements are all zero
 
 
 @register
@@ -32,16 +34,26 @@ class Int8(Codec):
     def encode(self, ops, x):
         n = ops.size(x)
         x2 = ops.reshape(x, (n // self.block_size, self.block_size))
+        absmax = ops.amax_rows(ops.abs(x2))  # an inf/NaN in a block makes its absmax non-finite
+        if ops.all_finite(absmax):
+            scale = absmax / 127.0
+            safe = ops.where(scale > 0, scale, 1.0)
+            q = ops.round(x2 / ops.reshape(safe, (-1, 1)))  # |q| <= 127 since |x| <= absmax
+            return ops.cat([ops.to_bytes(ops.cast(q, "int8")), ops.to_bytes(ops.cast(scale, "float32"))])
         finite = ops.isfinite(x2)
         scale = ops.amax_rows(ops.where(finite, ops.abs(x2), 0.0)) / 127.0
         safe = ops.where(scale > 0, scale, 1.0)
         q = ops.clip(ops.round(x2 / ops.reshape(safe, (-1, 1))), -127.0, 127.0)
         q = ops.where(finite, q, float(_NONFINITE))
-        return ops.cat([ops.to_bytes(ops.cast(q, "int8")), ops.to_bytes(ops.cast(scale, "float32"))])
+        flagged = ops.amax_rows(ops.where(finite, 0.0, 1.0)) > 0
+        stored = ops.where(flagged, -ops.where(scale > _TINY, scale, _TINY), scale)
+        return ops.cat([ops.to_bytes(ops.cast(q, "int8")), ops.to_bytes(ops.cast(stored, "float32"))])
 
     def decode(self, ops, payload, n):
         q = ops.cast(ops.from_bytes(payload[:n], "int8"), "float32")
-        scale = ops.from_bytes(payload[n:], "float32")
+        stored = ops.from_bytes(payload[n:], "float32")
         q2 = ops.reshape(q, (n // self.block_size, self.block_size))
-        out = q2 * ops.reshape(scale, (-1, 1))
+        if ops.all_nonnegative(stored):
+            return ops.reshape(q2 * ops.reshape(stored, (-1, 1)), (n,))
+        out = q2 * ops.reshape(ops.abs(stored), (-1, 1))
         return ops.reshape(ops.where(q2 == float(_NONFINITE), float("nan"), out), (n,))

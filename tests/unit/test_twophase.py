@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from fakecomm import FakeGroup
+from hvdp.simcomm import FakeGroup
 from hvdp import codecs
 from hvdp.collectives import AVERAGE, SUM
 from hvdp.ops import NumpyOps

@@ -9,11 +9,9 @@ import torch
 
 import hvdp.torch as hvd
 
-sys.path.insert(0, __file__.rsplit("/tests/", 1)[0] + "/tests")
-from fakecomm import FakeGroup  # noqa: E402
-from hvdp import codecs  # noqa: E402
-from hvdp.ops import NumpyOps  # noqa: E402
-from hvdp.twophase import TwoPhaseReducer  # noqa: E402
+from hvdp.ops import NumpyOps
+from hvdp.simcomm import FakeGroup
+from hvdp.twophase import TwoPhaseReducer
 
 TOL = 1e-5  # float32 training of a few steps: summation order differs between 1 and 2 workers
 

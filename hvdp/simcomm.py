@@ -1,4 +1,5 @@
-"""In-process stand-in for P workers' collectives, for unit tests of the core (no processes).
+"""In-process collectives for P simulated workers: the reference that unit tests and benchmarks
+run the core against, with no processes.
 
 Each worker gets a ``FakeComm``; an operation is complete once every worker has posted its part,
 so a test drives all workers phase by phase (all start, all exchange, all finish).
@@ -39,7 +40,9 @@ class FakeComm:
     def wait(self, handle):
         kind, name, rank = handle[:3]
         parts = self.group.board[(kind, name)]
-        assert len(parts) == self.size, f"{kind} {name}: only {len(parts)} of {self.size} posted"
+        if len(parts) != self.size:
+            raise RuntimeError(f"{kind} {name}: only {len(parts)} of {self.size} workers posted; "
+                               "drive every worker through a phase before waiting on it")
         if kind == "allgather":
             return np.concatenate([parts[r] for r in range(self.size)])
         if kind == "alltoall":
