@@ -177,6 +177,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                  out[0])]
 
     def _start_bucket(self, b):
+        for i in self._plan.buckets[b]:
+            p = self._params[i]
+            if p.grad.is_sparse and not self._sparse_as_dense:
+                raise ValueError(f"parameter {self._name[p]!r} has a sparse gradient, which "
+                                 f"{self._codec.name} compression cannot take: pass sparse_as_dense=True, "
+                                 f"or keep it uncompressed with CompressionPolicy(exclude=({self._name[p]!r},))")
         grads = [self._dense_grad(self._params[i]) for i in self._plan.buckets[b]]
         flat = torch.cat([g.reshape(-1).float() for g in grads])
         if self._predivide != 1.0:
@@ -200,8 +206,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._reducer.exchange(pend)
         done_groups = {}
         for p, (h, ctx) in self._handles.items():
-            if ctx == "sparse":
-                p.grad = _hvd.synchronize(h)
+            if ctx == "sparse":  # Horovod's sparse allreduce hands back a function to call
+                p.grad = h() if callable(h) else _hvd.synchronize(h)
                 continue
             handle, i, t = h
             if i is None:

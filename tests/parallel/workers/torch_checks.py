@@ -259,6 +259,77 @@ def check_errors():
         raise AssertionError("partial named_parameters accepted")
 
 
+def check_warmup():
+    model, x, y = model_and_data(seed=11)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters(), compression="int8",
+                                   policy=hvd.CompressionPolicy(min_elements=1, warmup_steps=2))
+    sl = my_slice(len(x))
+    for step in range(3):
+        twin = copy.deepcopy(model)  # the local gradient, apart from the one being reduced in place
+        torch.nn.functional.cross_entropy(twin(x[sl]), y[sl]).backward()
+        local = [p.grad for p in twin.parameters()]
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x[sl]), y[sl]).backward()
+        opt.step()
+        codecs_used = set(opt.compression_stats()["last_step"]) - {"all"}
+        exact = [hvd.allgather(g.reshape(1, -1), name=f"wu.{step}.{i}").double().mean(0)
+                 for i, g in enumerate(local)]
+        err = max((p.grad.reshape(-1).double() - e).abs().max().item()
+                  for p, e in zip(model.parameters(), exact))
+        if step < 2:
+            assert codecs_used == {"none"} and err <= 1e-6, (step, codecs_used, err)
+        else:
+            assert codecs_used == {"int8"} and 0 < err < 1e-2, (step, codecs_used, err)
+
+
+class SparseNet(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb = torch.nn.Embedding(50, 40, sparse=True)
+        self.out = torch.nn.Linear(40, 3)
+        self.unused = torch.nn.Linear(40, 40)     # never in the graph: reduced as zeros
+        self.empty = torch.nn.Parameter(torch.zeros(0))
+
+    def forward(self, idx):
+        return self.out(self.emb(idx).mean(1))
+
+
+def check_sparse_unused_empty():
+    g = torch.Generator().manual_seed(hvd.rank())
+    idx, y = torch.randint(0, 50, (8, 5), generator=g), torch.randint(0, 3, (8,), generator=g)
+    for compression, dense in [("none", False), ("int8", True), ("int8", False)]:
+        model = SparseNet()
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                       named_parameters=model.named_parameters(),
+                                       compression=compression, sparse_as_dense=dense,
+                                       policy=hvd.CompressionPolicy(min_elements=1))
+        ref = SparseNet()
+        torch.nn.functional.cross_entropy(ref(idx), y).backward()
+        local = ref.emb.weight.grad.to_dense()
+        exact = hvd.allgather(local.unsqueeze(0), name=f"sp.{compression}.{dense}").double().mean(0)
+        torch.nn.functional.cross_entropy(model(idx), y).backward()
+        if compression == "int8" and not dense:
+            try:
+                opt.synchronize()
+            except ValueError as e:
+                assert "sparse_as_dense=True" in str(e) and "emb.weight" in str(e), e
+                continue
+            raise AssertionError("sparse gradient silently compressed")
+        opt.synchronize()
+        got = model.emb.weight.grad.to_dense().double()
+        # int8: blocks span every tensor of the bucket; the largest |gradient| of any tensor on
+        # any rank bounds each block's step (derived bound as in check_codecs)
+        local_max = max(q.grad.to_dense().abs().max().item() for q in ref.parameters()
+                        if q.grad is not None and q.grad.numel())
+        gmax = hvd.allgather(torch.tensor([local_max]), name=f"spm.{compression}.{dense}").max().item()
+        tol = 1e-6 if compression == "none" else gmax / 254 + (gmax + gmax / 254) / 254
+        assert (got - exact).abs().max().item() <= tol, (compression, dense)
+        assert torch.count_nonzero(model.unused.weight.grad) == 0
+        assert model.empty.grad is not None and model.empty.grad.numel() == 0
+
+
 CHECKS = {
     "grad_average": check_grad_average,
     "two_equal_one": check_two_workers_equal_one,
@@ -269,6 +340,8 @@ CHECKS = {
     "state": check_state_dict_carries_error_feedback,
     "nonfinite": check_nonfinite_agreed,
     "errors": check_errors,
+    "warmup": check_warmup,
+    "sparse_unused_empty": check_sparse_unused_empty,
 }
 
 if __name__ == "__main__":
