@@ -24,6 +24,28 @@ def chunk_length(n: int, p: int, align: int) -> int:
     return max(align, -(-per // align) * align)
 
 
+class DictStore:
+    """Where residuals live: a plain dict of arrays (numpy, torch: eager frameworks).
+
+    A graph framework passes a store that keeps each residual in a variable instead (TF).
+    """
+
+    def __init__(self):
+        self.data: Dict[str, Array] = {}
+
+    def get(self, name):
+        return self.data.get(name)
+
+    def set(self, name, value):
+        self.data[name] = value
+
+    def snapshot(self) -> dict:
+        return dict(self.data)
+
+    def restore(self, data: dict) -> None:
+        self.data = dict(data)
+
+
 @dataclass
 class _Pending:
     name: str
@@ -45,31 +67,46 @@ class TwoPhaseReducer:
     """
 
     def __init__(self, codec, ops, comm: Collectives, error_feedback: bool,
-                 op: str = AVERAGE, postscale: float = 1.0, stats: Optional[WireStats] = None):
+                 op: str = AVERAGE, postscale: float = 1.0, stats: Optional[WireStats] = None,
+                 worker_store=None, server_store=None):
         self.codec, self.ops, self.comm = codec, ops, comm
         self.error_feedback = error_feedback
         self.op, self.postscale = op, postscale
         self.stats = stats
-        # internal state: residuals by bucket name
-        self.worker_residual: Dict[str, Array] = {}
-        self.server_residual: Dict[str, Array] = {}
+        # internal state: residuals by bucket name (worker side: this rank's whole padded
+        # bucket; server side: the chunk this rank reduces)
+        self.worker = worker_store if worker_store is not None else DictStore()
+        self.server = server_store if server_store is not None else DictStore()
+
+    @property
+    def worker_residual(self) -> dict:
+        return self.worker.snapshot()
+
+    @property
+    def server_residual(self) -> dict:
+        return self.server.snapshot()
+
+    def layout(self, n: int):
+        """(chunk length, padded length) of an n-element bucket: the residuals' sizes."""
+        c = chunk_length(n, self.comm.size, self.codec.align)
+        return c, c * self.comm.size
 
     def _finite_or_zero(self, r):
         if self.ops.all_finite(r):
             return r
         return self.ops.where(self.ops.isfinite(r), r, 0.0)
 
-    def _encode_with_feedback(self, x, residuals, name):
+    def _encode_with_feedback(self, x, store, name):
         """Encode x (+ the residual kept under ``name``); keep the new residual."""
         if not self.error_feedback:
             return self.codec.encode(self.ops, x)
         ops, c = self.ops, self.codec
-        prev = residuals.get(name)
+        prev = store.get(name)
         if prev is not None and ops.size(prev) == ops.size(x):
             x = x + prev
         payload = c.encode(ops, x)
         # a non-finite element must not poison every later step through the residual
-        residuals[name] = self._finite_or_zero(x - c.decode(ops, payload, ops.size(x)))
+        store.set(name, self._finite_or_zero(x - c.decode(ops, payload, ops.size(x))))
         return payload
 
     def start(self, name: str, flat: Array) -> _Pending:
@@ -78,12 +115,12 @@ class TwoPhaseReducer:
         c = chunk_length(n, p, self.codec.align)
         x = flat if c * p == n else ops.cat([flat, ops.zeros(c * p - n, "float32", like=flat)])
         if self.error_feedback:
-            prev = self.worker_residual.get(name)
+            prev = self.worker.get(name)
             if prev is not None and ops.size(prev) == c * p:
                 x = x + prev
             payloads = [self.codec.encode(ops, x[i * c:(i + 1) * c]) for i in range(p)]
             decoded = ops.cat([self.codec.decode(ops, pl, c) for pl in payloads])
-            self.worker_residual[name] = self._finite_or_zero(x - decoded)
+            self.worker.set(name, self._finite_or_zero(x - decoded))
         else:
             payloads = [self.codec.encode(ops, x[i * c:(i + 1) * c]) for i in range(p)]
         send = ops.cat(payloads)
@@ -104,7 +141,7 @@ class TwoPhaseReducer:
         scale = self.postscale / p if self.op == AVERAGE else self.postscale
         if scale != 1.0:
             acc = acc * scale
-        payload = self._encode_with_feedback(acc, self.server_residual, pend.name)
+        payload = self._encode_with_feedback(acc, self.server, pend.name)
         pend.handle = self.comm.allgather_async(payload, f"hvdp.ag.{pend.name}") if p > 1 else payload
         pend.phase = 2
 
@@ -120,7 +157,7 @@ class TwoPhaseReducer:
     # --- state ------------------------------------------------------------------------------
     def state_dict(self) -> dict:
         return {"codec": str(self.codec), "size": self.comm.size,
-                "worker": dict(self.worker_residual), "server": dict(self.server_residual)}
+                "worker": self.worker.snapshot(), "server": self.server.snapshot()}
 
     def load_state_dict(self, state: dict) -> None:
         """Residuals are kept where the bucket layout is unchanged, reset otherwise.
@@ -128,8 +165,7 @@ class TwoPhaseReducer:
         The worker residual only depends on the bucket's padded length; the server residual
         belongs to this rank's chunk, which moves when the number of workers changes.
         """
-        self.worker_residual = dict(state.get("worker", {}))
-        same_world = state.get("size") == self.comm.size and state.get("codec") == str(self.codec)
-        self.server_residual = dict(state.get("server", {})) if same_world else {}
-        if state.get("codec") != str(self.codec):
-            self.worker_residual = {}
+        same_codec = state.get("codec") == str(self.codec)
+        same_world = same_codec and state.get("size") == self.comm.size
+        self.worker.restore(dict(state.get("worker", {})) if same_codec else {})
+        self.server.restore(dict(state.get("server", {})) if same_world else {})

@@ -1,17 +1,8 @@
-"""``hvd.Compression``: Horovod's names plus hvdp's codecs, and the resolver of ``compression=``."""
+"""The resolver of ``compression=``: hvdp codecs and Horovod's own compressors."""
 import horovod.torch as _hvd
 
 from hvdp import codecs
-
-
-class Compression:
-    """Codec objects by name: ``Compression.int8``, ``Compression.topk.configure(ratio=0.05)``."""
-
-    none = codecs.get("none")
-    fp16 = codecs.get("fp16")
-    bf16 = codecs.get("bf16")
-    int8 = codecs.get("int8")
-    topk = codecs.get("topk")
+from hvdp.codecs import Compression  # noqa: F401  (re-exported as hvd.Compression)
 
 
 def resolve(compression):

@@ -1,0 +1,139 @@
+"""The callbacks a horovod.tensorflow.keras user knows, for Keras 3."""
+import horovod.tensorflow as _hvd
+import keras
+import numpy as np
+
+from .functions import broadcast_variables
+
+
+def _set_lr(optimizer, lr):
+    inner = getattr(optimizer, "inner_optimizer", optimizer)  # LossScaleOptimizer
+    inner.learning_rate.assign(lr)
+
+
+def _get_lr(optimizer):
+    inner = getattr(optimizer, "inner_optimizer", optimizer)
+    return float(np.asarray(inner.learning_rate))
+
+
+class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
+    """At the start of training, copy rank ``root_rank``'s model and optimizer variables to all.
+
+    hvdp's error-feedback residuals are per worker and are not broadcast.
+    """
+
+    def __init__(self, root_rank=0):
+        super().__init__()
+        self.root_rank = root_rank
+
+    def on_train_begin(self, logs=None):
+        opt = self.model.optimizer
+        if opt is not None and not opt.built:
+            opt.build(self.model.trainable_variables)
+        variables = list(self.model.variables) + (list(opt.variables) if opt is not None else [])
+        broadcast_variables(variables, self.root_rank)
+
+
+class MetricAverageCallback(keras.callbacks.Callback):
+    """At each epoch's end, replace every logged metric by its average over the workers.
+
+    Put it before callbacks that read the logs (checkpoints, early stopping, CSV logger).
+    """
+
+    def on_epoch_end(self, epoch, logs=None):
+        if not logs:
+            return
+        keys = sorted(k for k, v in logs.items() if np.ndim(v) == 0)
+        vals = np.array([float(logs[k]) for k in keys], dtype=np.float64)
+        avg = _hvd.allreduce(vals, op=_hvd.Average, name=f"hvdp.metrics.{epoch}").numpy()
+        for k, v in zip(keys, avg):
+            logs[k] = float(v)
+
+
+class LearningRateScheduleCallback(keras.callbacks.Callback):
+    """lr = initial_lr * multiplier(epoch) between ``start_epoch`` and ``end_epoch``.
+
+    ``multiplier`` is a number or a function of the (fractional, unless ``staircase``) epoch.
+    ``steps_per_epoch`` is taken from ``fit`` when not given.
+    """
+
+    def __init__(self, initial_lr, multiplier, start_epoch=0, end_epoch=None, staircase=True,
+                 momentum_correction=True, steps_per_epoch=None, verbose=0):
+        super().__init__()
+        self.initial_lr = initial_lr
+        self.multiplier = multiplier if callable(multiplier) else (lambda epoch: multiplier)
+        self.start_epoch, self.end_epoch = start_epoch, end_epoch
+        self.staircase, self.momentum_correction = staircase, momentum_correction
+        self.steps_per_epoch, self.verbose = steps_per_epoch, verbose
+        self.current_epoch = 0
+        self._restore_momentum = None
+
+    def on_train_begin(self, logs=None):
+        if self.steps_per_epoch is None:
+            self.steps_per_epoch = self.params.get("steps") if self.params else None
+        if not self.steps_per_epoch and not self.staircase:
+            raise ValueError("pass steps_per_epoch: fit did not report how many steps an epoch has")
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.current_epoch = epoch
+        if self.staircase:
+            self._adjust(epoch)
+
+    def _in_range(self, epoch):
+        return epoch >= self.start_epoch and (self.end_epoch is None or epoch < self.end_epoch)
+
+    def _adjust(self, epoch):
+        if not self._in_range(epoch):
+            return
+        opt = self.model.optimizer
+        old, new = _get_lr(opt), self.initial_lr * self.multiplier(epoch)
+        _set_lr(opt, new)
+        inner = getattr(opt, "inner_optimizer", opt)
+        # momentum correction (Goyal et al., 2017): scale momentum by new/old lr for one step
+        if self.momentum_correction and hasattr(inner, "momentum") and old > 0 and new != old:
+            self._restore_momentum = inner.momentum
+            inner.momentum = inner.momentum * new / old
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if not self.staircase:
+            self._adjust(self.current_epoch + batch / self.steps_per_epoch)
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self._restore_momentum is not None:
+            inner = getattr(self.model.optimizer, "inner_optimizer", self.model.optimizer)
+            inner.momentum = self._restore_momentum
+            self._restore_momentum = None
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs is not None:
+            logs["lr"] = _get_lr(self.model.optimizer)
+
+
+class LearningRateWarmupCallback(LearningRateScheduleCallback):
+    """Ramp the learning rate from ``initial_lr / size`` to ``initial_lr`` over ``warmup_epochs``.
+
+    lr(e) = initial_lr / size * (e * (size - 1) / warmup_epochs + 1), e the fractional epoch
+    (Goyal et al., 2017), updated every batch; after the warm-up lr stays ``initial_lr``.
+    """
+
+    def __init__(self, initial_lr, warmup_epochs=5, momentum_correction=True, steps_per_epoch=None,
+                 verbose=0):
+        size = _hvd.size()
+        super().__init__(initial_lr, lambda e: 1.0 / size * (e * (size - 1) / warmup_epochs + 1),
+                         start_epoch=0, end_epoch=warmup_epochs, staircase=False,
+                         momentum_correction=momentum_correction, steps_per_epoch=steps_per_epoch,
+                         verbose=verbose)
+        self.warmup_epochs = warmup_epochs
+
+    def on_epoch_end(self, epoch, logs=None):
+        if epoch == self.warmup_epochs - 1:
+            _set_lr(self.model.optimizer, self.initial_lr)
+        super().on_epoch_end(epoch, logs)
+
+
+class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
+    """``keras.callbacks.ModelCheckpoint`` that writes on rank 0 only (others would race it)."""
+
+    def _save_model(self, *args, **kwargs):
+        if _hvd.rank() == 0:
+            return super()._save_model(*args, **kwargs)

@@ -1,0 +1,137 @@
+"""Gradient reduction for Keras / TF, shared by the optimizer and the gradient tape."""
+import math
+
+import tensorflow as tf
+
+from hvdp.collectives import AVERAGE
+from hvdp.plan import make_plan
+from hvdp.stats import WireStats, ring_allreduce_bytes, two_phase_bytes
+from hvdp.twophase import TwoPhaseReducer
+
+from .comm import TFCollectives, op_name
+from .ops import TFOps
+
+_OPS = TFOps()
+
+
+class VariableStore:
+    """Residuals kept in tf.Variables, so error feedback survives across traced steps."""
+
+    def __init__(self, prefix):
+        self.prefix, self.vars = prefix, {}
+
+    def create(self, name, n):
+        if name not in self.vars:
+            self.vars[name] = tf.Variable(tf.zeros([n]), trainable=False,
+                                          name=op_name(f"{self.prefix}_{name}"))
+
+    def get(self, name):
+        v = self.vars.get(name)
+        return None if v is None else tf.convert_to_tensor(v)
+
+    def set(self, name, value):
+        self.vars[name].assign(value)
+
+    def snapshot(self):
+        return {k: v.numpy() for k, v in self.vars.items()}
+
+    def restore(self, data):
+        for k, v in data.items():
+            if k in self.vars and self.vars[k].shape.num_elements() == v.size:
+                self.vars[k].assign(v)
+
+
+class GradientReducer:
+    """Averages (or sums) a list of gradients over the workers with one codec and policy."""
+
+    def __init__(self, codec, policy, op, predivide, sparse_as_dense, process_set, prefix):
+        self.codec, self.policy, self.op = codec, policy, op
+        self.predivide, self.sparse_as_dense = predivide, sparse_as_dense
+        self.comm = TFCollectives(process_set)
+        self.prefix = prefix
+        self.plan = None
+
+    def build(self, variables):
+        if self.plan is not None:
+            return
+        self.names = [getattr(v, "path", None) or v.name for v in variables]
+        self.shapes = [tuple(v.shape) for v in variables]
+        self.numels = [int(math.prod(v.shape)) for v in variables]
+        floating = [v.dtype in ("float16", "bfloat16", "float32", "float64", tf.float16,
+                                tf.bfloat16, tf.float32, tf.float64) for v in variables]
+        two_phase = not self.codec.summable
+        self.plan = make_plan(self.names, self.numels, floating, self.policy, two_phase)
+        ef = self.policy.error_feedback
+        ef = self.codec.error_feedback_default if ef is None else ef
+        self.two_phase = None
+        if two_phase:
+            ws, ss = VariableStore(f"{self.prefix}_w"), VariableStore(f"{self.prefix}_s")
+            self.two_phase = TwoPhaseReducer(self.codec, _OPS, self.comm, ef, self.op,
+                                             self.predivide, worker_store=ws, server_store=ss)
+            if ef:
+                for b, idx in enumerate(self.plan.buckets):
+                    c, padded = self.two_phase.layout(sum(self.numels[i] for i in idx))
+                    ws.create(f"b{b}", padded)
+                    ss.create(f"b{b}", c)
+
+    # --- reduction --------------------------------------------------------------------------
+    def _plain(self, g, i, compress):
+        if isinstance(g, tf.IndexedSlices) and self.sparse_as_dense:
+            g = tf.convert_to_tensor(g)
+        wire = self.codec.wire_dtype if (compress and self.codec.summable) else "float32"
+        if isinstance(g, tf.IndexedSlices) or not g.dtype.is_floating or wire == "float32":
+            send = g
+        else:
+            send = tf.cast(g, wire)
+        out = self.comm.allreduce_async(send, f"hvdp.ar.{self.names[i]}", self.op,
+                                        1.0 / self.predivide, self.predivide)
+        return out if isinstance(out, tf.IndexedSlices) else tf.cast(out, g.dtype)
+
+    def _reduce(self, grads, compress):
+        out = list(grads)
+        buckets = self.plan.buckets if compress else ()
+        in_bucket = {i for idx in buckets for i in idx}
+        for i, g in enumerate(grads):
+            if i not in in_bucket:
+                out[i] = self._plain(g, i, compress)
+        pending = []
+        for b, idx in enumerate(buckets):
+            flat = tf.concat([tf.reshape(tf.cast(tf.convert_to_tensor(grads[i]), tf.float32), [-1])
+                              for i in idx], axis=0)
+            if self.predivide != 1.0:
+                flat = flat / self.predivide
+            pending.append(self.two_phase.start(f"b{b}", flat))
+        for p in pending:
+            self.two_phase.exchange(p)
+        for p, idx in zip(pending, buckets):
+            parts = tf.split(self.two_phase.finish(p), [self.numels[i] for i in idx])
+            for i, part in zip(idx, parts):
+                out[i] = tf.cast(tf.reshape(part, self.shapes[i]), grads[i].dtype)
+        return out
+
+    def reduce(self, grads, step=None):
+        """``step``: the optimizer's iteration counter, for the warm-up (uncompressed) phase."""
+        grads = [tf.zeros(s) if g is None else g for g, s in zip(grads, self.shapes)]
+        warm = self.policy.warmup_steps
+        if warm == 0 or step is None:
+            return self._reduce(grads, True)
+        return tf.cond(step >= warm, lambda: self._reduce(grads, True),
+                       lambda: self._reduce(grads, False))
+
+    def stats(self):
+        """Bytes per step, from the plan (every step hands the same buffers to the collectives)."""
+        s, p = WireStats(), self.comm.size
+        bucketed = {i for idx in self.plan.buckets for i in idx}
+        for i, n in enumerate(self.numels):
+            if i in bucketed:
+                continue
+            b = 2 if self.codec.summable and self.codec.wire_dtype == "float16" else 4
+            s.record(self.codec.name if self.codec.summable else "none", n, b * n,
+                     ring_allreduce_bytes(b * n, p), ring_allreduce_bytes(4 * n, p))
+        for idx in self.plan.buckets:
+            n = sum(self.numels[i] for i in idx)
+            c, _ = self.two_phase.layout(n)
+            nb = self.codec.payload_nbytes(c)
+            s.record(self.codec.name, n, 2 * p * nb, two_phase_bytes(nb, p), ring_allreduce_bytes(4 * n, p))
+        s.end_step()
+        return s.summary()["last_step"]
