@@ -140,11 +140,20 @@ class DistributedGradientTape(tf.GradientTape):
                  sparse_as_dense=False, process_set=_hvd.global_process_set, policy=None):
         super().__init__(persistent=gradtape._persistent)
         self._tape = gradtape._tape  # take over the recording (as Horovod's tape does)
-        self._hvdp = _make_reducer(compression, policy, op, gradient_predivide_factor,
-                                   sparse_as_dense, process_set, "hvdp_tape_residual")
+        self._hvdp_args = (compression, policy, op, gradient_predivide_factor, sparse_as_dense, process_set)
+        self._hvdp = None
 
     def gradient(self, target, sources, output_gradients=None, **kwargs):
         grads = super().gradient(target, sources, output_gradients, **kwargs)
         flat = tf.nest.flatten(sources)
-        self._hvdp.build(flat)
+        # The tape is usually made inside a tf.function step, so a new one appears at every
+        # trace; its reducer (and the residual variables) must be the same object each time.
+        key = (tuple(map(str, self._hvdp_args)), tuple(id(v) for v in flat))
+        if key not in _TAPE_REDUCERS:
+            _TAPE_REDUCERS[key] = _make_reducer(*self._hvdp_args, f"hvdp_tape_residual_{len(_TAPE_REDUCERS)}")
+            _TAPE_REDUCERS[key].build(flat)
+        self._hvdp = _TAPE_REDUCERS[key]
         return tf.nest.pack_sequence_as(grads, self._hvdp.reduce(tf.nest.flatten(grads)))
+
+
+_TAPE_REDUCERS = {}

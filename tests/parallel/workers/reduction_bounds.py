@@ -1,0 +1,52 @@
+"""Shared by the torch and Keras checks: is a reduced gradient within its codec's bound?
+
+Framework-free (numpy). ``per_rank[r][i]``: rank r's local gradient of tensor i (flat);
+``got[i]``: this rank's reduced gradient of tensor i (flat); ``buckets``: the optimizer's plan.
+"""
+import numpy as np
+
+from hvdp import codecs
+from hvdp.ops import NumpyOps
+from hvdp.simcomm import FakeGroup
+from hvdp.twophase import TwoPhaseReducer
+
+# one rounding of each input and one of the reduced value
+REL = {"fp16": 2 ** -11, "bf16": 2 ** -8}
+
+
+def reference_two_phase(codec, flats):
+    """The numpy reference of the whole two-phase reduction (first step: no residual yet)."""
+    group = FakeGroup(len(flats))
+    reds = [TwoPhaseReducer(codec, NumpyOps(), c, False) for c in group.comms]
+    pend = [r.start("b", f) for r, f in zip(reds, flats)]
+    for r, p in zip(reds, pend):
+        r.exchange(p)
+    return reds[0].finish(pend[0])
+
+
+def check_reduced(codec, per_rank, got, buckets, rtol_ref=1e-6):
+    """Assert the bounds; return the largest |error| against the exact float64 average."""
+    codec = codecs.get(codec)
+    p = len(per_rank)
+    exact = [np.mean([np.asarray(per_rank[r][i], np.float64) for r in range(p)], axis=0)
+             for i in range(len(got))]
+    err = [np.abs(np.asarray(g, np.float64) - e) for g, e in zip(got, exact)]
+    gmax = max(float(np.abs(per_rank[r][i]).max()) for r in range(p) for i in range(len(got))
+               if np.size(per_rank[r][i]))
+    emax = max(float(np.abs(e).max()) for e in exact if e.size)
+    if codec.name in REL:  # each worker's value and the sum rounded once: relative to magnitudes
+        bound = 3 * REL[codec.name] * gmax
+        assert all(float(e.max()) <= bound for e in err if e.size), (codec.name, bound)
+    if codec.name == "int8":
+        # half a step of each worker's block (step <= largest |g| / 127) plus half a step of the
+        # re-encoded reduced block; blocks span tensors of a bucket, so global maxima bound all
+        bound = gmax / 254 + (emax + gmax / 254) / 254
+        assert all(float(e.max()) <= bound * 1.001 for e in err if e.size), (codec.name, bound)
+    if not codec.summable:  # the exact pipeline, replayed in numpy on every rank's buckets
+        for idx in buckets:
+            flats = [np.concatenate([np.asarray(per_rank[r][i], np.float32) for i in idx]) for r in range(p)]
+            ref = reference_two_phase(codec, flats)
+            mine = np.concatenate([np.asarray(got[i], np.float32) for i in idx])
+            np.testing.assert_allclose(mine, ref, rtol=rtol_ref, atol=rtol_ref * float(np.abs(ref).max()),
+                                       err_msg=codec.name)
+    return max(float(e.max()) for e in err if e.size)
