@@ -7,7 +7,7 @@ export OMP_NUM_THREADS ?= 1
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 COMPRESSION ?= int8
 
-.PHONY: setup demo test test-unit test-parallel doctor convergence clean
+.PHONY: setup demo test test-unit test-parallel doctor convergence bench clean
 
 setup:
 	@bash scripts/setup.sh
@@ -35,5 +35,34 @@ doctor: setup
 convergence: setup
 	$(PY) benchmarks/convergence.py
 
+# Not part of `make test`: timing needs a quiet machine. The slow-link stage needs root (netns, tc).
+bench: setup
+	@command -v tc >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get install -y -qq iproute2 >/dev/null; } || true
+	$(PY) benchmarks/run_all.py
+
 clean:
 	rm -rf $(VENV) build *.egg-info
+
+# --- Clusters (issue 7); neither target is part of `make test` ---------------------------------
+.PHONY: nccl-build rehearsal
+HVDP_CACHE  := $(or $(HVDP_CACHE_DIR),$(HOME)/.cache/hvdp)
+NCCL_TORCH  ?= 2.14.1
+NCCL_ENV    := $(HVDP_CACHE)/envs/nccl-torch$(NCCL_TORCH)
+NCCL_OUT    := $(HVDP_CACHE)/wheels/nccl-torch$(NCCL_TORCH)
+
+# The GPU image's Horovod build (NCCL ops) compiled and linked without a GPU: a separate venv
+# with a CUDA build of torch (the NCCL and CUDA runtime wheels come with it), the toolkit and
+# NCCL found by scripts/gpu_env.sh, then the same scripts/build_horovod.sh that `make setup` runs.
+nccl-build: setup
+	@test -x $(NCCL_ENV)/bin/python || python3 -m venv $(NCCL_ENV)
+	$(NCCL_ENV)/bin/pip install --quiet "setuptools<81" wheel packaging torch==$(NCCL_TORCH) \
+	    2>&1 | { grep -v '^WARNING: Location' || true; }
+	source scripts/gpu_env.sh $(NCCL_ENV)/bin/python && rm -rf $(NCCL_OUT) && \
+	    HVDP_GPU=1 HVDP_FRAMEWORKS=torch timeout 5400 scripts/build_horovod.sh $(NCCL_ENV)/bin/python $(NCCL_OUT)
+	$(NCCL_ENV)/bin/pip install --quiet --no-deps --force-reinstall $(NCCL_OUT)/horovod-*.whl
+	cd /tmp && $(NCCL_ENV)/bin/python -c 'import horovod.torch as h; assert h.nccl_built(), "no NCCL"; \
+	    print("nccl-build OK: horovod.torch nccl_built() =", h.nccl_built(), "cuda_built() =", h.cuda_built())'
+
+# Multi-host launch over real SSH between two loopback host names (needs root for sshd).
+rehearsal: setup
+	$(PY) -m pytest -q tests/parallel/test_multihost.py

@@ -1,0 +1,151 @@
+"""``make bench``: every benchmark, side by side, into benchmarks/results/ (JSON, Markdown, PNG).
+
+Ratios are measured within one run so that machine noise cancels; targets are printed next to
+each figure, met or not. Not part of ``make test``.
+"""
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+
+from tqdm import tqdm
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+RES = os.path.join(HERE, "results")
+
+
+def horovodrun(np_, args, timeout=900):
+    env = dict(os.environ, OMP_NUM_THREADS="1", TF_CPP_MIN_LOG_LEVEL="2",
+               PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
+    cmd = ["horovodrun", "-np", str(np_), "-H", f"localhost:{np_}", "--gloo", sys.executable] + args
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    if r.returncode != 0:
+        raise SystemExit(f"failed: {' '.join(cmd)}\n{(r.stdout + r.stderr)[-3000:]}")
+
+
+def python(args, timeout=1800):
+    env = dict(os.environ, OMP_NUM_THREADS="1", TF_CPP_MIN_LOG_LEVEL="2",
+               PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
+    r = subprocess.run([sys.executable] + args, capture_output=True, text=True, timeout=timeout, env=env)
+    if r.returncode != 0:
+        raise SystemExit(f"failed: {args}\n{(r.stdout + r.stderr)[-3000:]}")
+    return r.stdout
+
+
+def load(name):
+    with open(os.path.join(RES, name)) as f:
+        return json.load(f)
+
+
+STAGES = [
+    ("codec speed + wire bytes", lambda: python([os.path.join(HERE, "codecs_bench.py"), "--mib", "16",
+                                                 "--json-out", os.path.join(RES, "codecs.json")])),
+    ("step time np=1", lambda: horovodrun(1, [os.path.join(HERE, "step_bench.py"),
+                                              "--json-out", os.path.join(RES, "step_np1.json")])),
+    ("step time np=2 (+DDP)", lambda: horovodrun(2, [os.path.join(HERE, "step_bench.py"), "--ddp",
+                                                     "--json-out", os.path.join(RES, "step_np2.json")])),
+    ("slow link (1 Gbit/s)", lambda: python([os.path.join(HERE, "slowlink.py"),
+                                             "--json-out", os.path.join(RES, "slowlink.json")])),
+    ("accuracy (digits, 3 seeds)", lambda: python([os.path.join(HERE, "convergence.py"),
+                                                   "--json-out", os.path.join(RES, "convergence.json")])),
+]
+
+
+def fmt(m_ci):
+    m, ci = m_ci
+    return f"{m:.3f} ± {ci:.3f}"
+
+
+def report(elapsed):
+    rows = []
+    s1, s2 = load("step_np1.json"), load("step_np2.json")
+    rows.append(("hvdp (none) ÷ raw Horovod step time, np=1", fmt(s1["ratio_hvdp_over_horovod"]),
+                 "≤ 1.02", s1["ratio_hvdp_over_horovod"][0] <= 1.02))
+    rows.append(("hvdp (none) ÷ raw Horovod step time, np=2", fmt(s2["ratio_hvdp_over_horovod"]),
+                 "≤ 1.02", s2["ratio_hvdp_over_horovod"][0] <= 1.02))
+    if "ratio_hvdp_over_ddp" in s2:
+        rows.append(("hvdp (none) ÷ torch DDP (gloo) step time, np=2", fmt(s2["ratio_hvdp_over_ddp"]),
+                     "≤ 1.0", s2["ratio_hvdp_over_ddp"][0] <= 1.0))
+    scal = s2["samples_per_s"]["hvdp"][0] / (2 * s1["samples_per_s"]["hvdp"][0])
+    rows.append(("scaling: samples/s np=2 ÷ (2 × np=1), hvdp", f"{scal:.3f}", "≥ 0.9", scal >= 0.9))
+    cb = load("codecs.json")
+    for k in ["fp16", "bf16", "int8", "int8+EF"]:
+        g, ci, ratio = cb["speed"][k]
+        rows.append((f"codec {k}: compress+decompress GB/s ÷ memcpy", f"{ratio:.3f}",
+                     "≥ 0.5" if k == "int8" else "—",
+                     ratio >= 0.5 if k == "int8" else None))
+    for p in (2, 4, 8):
+        measured, formula = cb["wire"][f"int8@{p}"]
+        rows.append((f"wire bytes int8 ÷ fp32, P={p} (formula {formula:.4f})", f"{measured:.4f}",
+                     "≤ 0.27", measured <= 0.27))
+    for k in ("fp16", "bf16"):
+        rows.append((f"wire bytes {k} ÷ fp32, P=2", f"{cb['wire'][f'{k}@2'][0]:.4f}", "—", None))
+    sl = load("slowlink.json")
+    if "skipped" not in sl:
+        r = sl["ratio_over_none"]
+        for k in ("fp16", "bf16", "int8"):
+            rows.append((f"slow link ({sl['rate']}, measured {sl['measured_gbit_s'] or float('nan'):.2f} "
+                         f"Gbit/s, {sl['grad_mb']:.0f} MB grads): {k} ÷ none step time", fmt(r[k]),
+                         "≤ 0.5" if k == "int8" else "—", r[k][0] <= 0.5 if k == "int8" else None))
+    else:
+        rows.append(("slow link", "skipped: " + sl["skipped"], "≤ 0.5", None))
+    conv = load("convergence.json")
+    base = conv[0]["mean"]
+    for c in conv:
+        rows.append((f"digits test accuracy, {c['config']} (n={len(c['accs'])} seeds)",
+                     f"{c['mean']:.4f} ± {c['stdev']:.4f} ({100 * (c['mean'] - base):+.2f} pts)",
+                     "within 0.5 pts of fp32" if c["config"] == "int8 + EF" else "—",
+                     abs(100 * (c["mean"] - base)) <= 0.5 if c["config"] == "int8 + EF" else None))
+    mark = {True: "met", False: "NOT met", None: ""}
+    lines = [f"Machine: {platform.machine()}, {os.cpu_count()} cores, {platform.system()}, "
+             f"Python {platform.python_version()}; `make bench` took {elapsed / 60:.1f} min.", "",
+             "| measurement | value (mean ± 95% CI) | target | |", "|---|---|---|---|"]
+    lines += [f"| {a} | {b} | {c} | {mark[d]} |" for a, b, c, d in rows]
+    md = "\n".join(lines) + "\n"
+    with open(os.path.join(RES, "results.md"), "w") as f:
+        f.write(md)
+    plot(s1, s2, sl, cb)
+    return md
+
+
+def plot(s1, s2, sl, cb):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    ax = axes[0]
+    names = ["fp16", "bf16", "int8"]
+    ax.bar(names, [cb["wire"][f"{n}@2"][0] for n in names], color="#4c72b0")
+    ax.axhline(0.27, color="red", ls="--", label="int8 target 0.27")
+    ax.set_ylabel("wire bytes ÷ float32 ring (P=2)")
+    ax.set_title("Bytes on the wire")
+    ax.legend()
+    ax = axes[1]
+    if "skipped" not in sl:
+        keys = list(sl["step_s"])
+        ax.bar(keys, [sl["step_s"][k][0] * 1e3 for k in keys], yerr=[sl["step_s"][k][1] * 1e3 for k in keys],
+               color="#55a868")
+        ax.set_ylabel("step time, ms (2 workers)")
+        ax.set_title(f"Slow link: {sl['rate']} loopback, {sl['grad_mb']:.0f} MB of gradients")
+    else:
+        ax.text(0.5, 0.5, "slow link skipped:\n" + sl["skipped"], ha="center")
+    fig.tight_layout()
+    fig.savefig(os.path.join(RES, "bench.png"), dpi=110)
+
+
+def main():
+    os.makedirs(RES, exist_ok=True)
+    t0 = time.time()
+    bar = tqdm(STAGES, desc="bench", ncols=90)
+    for label, fn in bar:
+        bar.set_postfix_str(label)
+        fn()
+    md = report(time.time() - t0)
+    print("\n" + md)
+
+
+if __name__ == "__main__":
+    main()
