@@ -1,4 +1,4 @@
-"""``python -m hvdp doctor``."""
+"""``python -m hvdp doctor`` and ``python -m hvdp run`` (horovodrun with elastic checks)."""
 import sys
 
 
@@ -7,7 +7,10 @@ def main(argv=None) -> int:
     if argv[:1] == ["doctor"]:
         from .doctor import main as doctor
         return doctor(argv[1:])
-    print("usage: python -m hvdp doctor", file=sys.stderr)
+    if argv[:1] == ["run"]:
+        from .launch import main as run
+        return run(argv[1:])
+    print("usage: python -m hvdp doctor | python -m hvdp run <horovodrun arguments>", file=sys.stderr)
     return 2
 
 

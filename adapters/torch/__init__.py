@@ -6,13 +6,19 @@ Example::
     hvd.init()
     opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(), compression="int8")
 """
+import importlib as _importlib
+
 from horovod.torch import *  # noqa: F401,F403  (every public name of horovod.torch)
-from horovod.torch import elastic  # noqa: F401
 
 from hvdp import __version__  # noqa: F401
 from hvdp.plan import CompressionPolicy  # noqa: F401
 
+from .checkpoint import load_checkpoint, save_checkpoint  # noqa: F401
 from .compression import Compression  # noqa: F401
 from .functions import broadcast_optimizer_state  # noqa: F401
 from .ops import TorchOps  # noqa: F401
 from .optimizer import DistributedOptimizer  # noqa: F401
+
+# hvdp's elastic module replaces horovod.torch.elastic (which the * import bound to this name,
+# so `from . import elastic` would silently return Horovod's)
+elastic = _importlib.import_module(".elastic", __name__)

@@ -195,6 +195,22 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if not self._hooks:
             self._synchronized = True
             return
+        try:
+            self._synchronize()
+        except BaseException:
+            # a failed collective (a worker died: elastic reset) must not leave this step's
+            # half-done reductions behind for the restored state to trip over
+            self._clear_pending()
+            raise
+
+    def _clear_pending(self):
+        self._handles.clear()
+        self._bucket_pending.clear()
+        self._bucket_ready.clear()
+        self._group_ready.clear()
+        self._delay = {p: self._bpps for p in self._params}
+
+    def _synchronize(self):
         for p in self._params:  # unused in this step's graph, or fewer passes than configured
             if self._delay[p] > 0 and (p not in self._handles):
                 self._delay[p] = 0
@@ -225,11 +241,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 g = self._params[i].grad
                 g.copy_(flat[off:off + g.numel()].view_as(g))
                 off += g.numel()
-        self._handles.clear()
-        self._bucket_pending.clear()
-        self._bucket_ready.clear()
-        self._group_ready.clear()
-        self._delay = {p: self._bpps for p in self._params}
+        self._clear_pending()
         self._step_count += 1
         self.stats.end_step()
         self._synchronized = True

@@ -9,7 +9,7 @@ from conftest import CONTROLLERS, WORKERS, checks_passed, horovodrun
 pytestmark = pytest.mark.parallel
 
 CHECKS = ["grad_average", "two_equal_one", "bpps", "broadcast", "amp", "codecs", "state",
-          "nonfinite", "errors", "warmup", "sparse_unused_empty"]
+          "nonfinite", "errors", "warmup", "sparse_unused_empty", "checkpoint"]
 
 
 @functools.lru_cache(maxsize=None)

@@ -293,6 +293,30 @@ def check_sparse_unused_empty():
         assert model.empty.grad is not None and model.empty.grad.numel() == 0
 
 
+def check_checkpoint_resume():
+    import tempfile
+    path = hvd.broadcast_object(tempfile.mkdtemp() if hvd.rank() == 0 else None, name="ck.dir") + "/c.pt"
+    model, x, y = model_and_data(seed=5)
+
+    def make(m):
+        return hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9),
+                                        named_parameters=m.named_parameters(), compression="int8",
+                                        policy=hvd.CompressionPolicy(min_elements=1))
+    opt = make(model)
+    sl = my_slice(len(x))
+    train(model, opt, x[sl], y[sl], 3)
+    hvd.save_checkpoint(path, model, opt, epoch=7)
+    mine = {k: v.clone() for k, v in opt._reducer.worker_residual.items()}
+    model2 = model_and_data(seed=99)[0]
+    opt2 = make(model2)
+    assert hvd.load_checkpoint(path, model2, opt2) == {"epoch": 7}
+    for k, v in mine.items():  # this rank's own residuals, not rank 0's
+        assert torch.equal(opt2._reducer.worker_residual[k], v)
+    train(model, opt, x[sl], y[sl], 1)
+    train(model2, opt2, x[sl], y[sl], 1)
+    params_close(model, model2, tol=0.0)
+
+
 CHECKS = {
     "grad_average": check_grad_average,
     "two_equal_one": check_two_workers_equal_one,
@@ -305,6 +329,7 @@ CHECKS = {
     "errors": check_errors,
     "warmup": check_warmup,
     "sparse_unused_empty": check_sparse_unused_empty,
+    "checkpoint": check_checkpoint_resume,
 }
 
 if __name__ == "__main__":

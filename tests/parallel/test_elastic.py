@@ -1,0 +1,37 @@
+"""Elastic training on fake hosts: a worker killed mid-epoch, and a 2 -> 3 -> 2 resize."""
+import pytest
+
+import elastic_harness as eh
+
+pytestmark = pytest.mark.parallel
+
+NUM_TRAIN = 1347  # digits: 1797 samples, 25% held out (examples/torch_digits.load_data)
+
+
+def test_fault_worker_killed_mid_epoch(tmp_path):
+    schedule = [(0, ["localhost:2", "127.0.0.1:1"])]
+    rc, out, kill_time = eh.run(str(tmp_path), schedule, np_=3, kill_host="127.0.0.1", kill_after=40)
+    assert kill_time is not None
+    assert rc == 0, out[-4000:]
+    steps, finals = eh.audit(str(tmp_path), NUM_TRAIN, 3)
+    before = [s for s in steps if s["t"] < kill_time]
+    after = [s for s in steps if s["t"] >= kill_time]
+    assert before and after and {s["size"] for s in after} == {2}, "did not continue on 2 workers"
+    recovery = after[0]["t"] - kill_time
+    # continues from the committed state: no jump back to the first steps' loss
+    first = sum(s["loss"] for s in steps[:5]) / 5
+    assert after[0]["loss"] < 0.5 * first, (after[0]["loss"], first)
+    assert after[0]["commit"] <= before[-1]["commit"] + 1
+    print(f"\nfault run: kill at commit {before[-1]['commit']}, recovery {recovery:.2f} s, "
+          f"{len(steps)} committed steps, losses {first:.3f} -> {after[0]['loss']:.3f}, "
+          f"{len(finals)} ranks with identical final parameters")
+
+
+def test_resize_two_three_two(tmp_path):
+    schedule = [(0, ["localhost:2"]), (15, ["localhost:2", "127.0.0.1:1"]), (45, ["localhost:2"])]
+    rc, out, _ = eh.run(str(tmp_path), schedule, np_=2, step_sleep=0.06)
+    assert rc == 0, out[-4000:]
+    steps, _ = eh.audit(str(tmp_path), NUM_TRAIN, 3)
+    sizes = [s["size"] for s in steps]
+    assert sizes[0] == 2 and 3 in sizes and sizes[-1] == 2, sizes
+    print(f"\nresize run: sizes by step {sizes[0]} -> {max(sizes)} -> {sizes[-1]}, {len(steps)} committed steps")
