@@ -72,12 +72,12 @@ def main():
                 block = hvd.allgather_object((idx, loss_sum))  # this step's global sample ids
                 state.sampler.record_batch()
                 state.commits += 1
-                state.commit()
-                if log:
+                if log:  # before commit(): it saves first, then may raise to reset (hosts changed)
                     ids = [i for part, _ in block for i in part]
                     log.write(json.dumps({"commit": state.commits, "epoch": state.epoch, "t": time.time(),
                                           "size": hvd.size(), "ids": ids,
                                           "loss": sum(s for _, s in block) / max(1, len(ids))}) + "\n")
+                state.commit()
                 if args.step_sleep:
                     time.sleep(args.step_sleep)
             state.epoch += 1

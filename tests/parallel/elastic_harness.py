@@ -67,6 +67,8 @@ def run(tmp, schedule, np_=2, min_np=2, max_np=3, epochs=3, kill_host=None, kill
                PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
     cmd = ["horovodrun", "-np", str(np_), "--min-np", str(min_np), "--max-np", str(max_np),
            "--host-discovery-script", disc, "--elastic-timeout", "60", "--gloo",
+           # both fake hosts are this machine: name the interface instead of probing 2 hosts
+           "--network-interface", "lo",
            sys.executable, os.path.join(ROOT, "examples", "torch_elastic.py"), "--epochs", str(epochs),
            "--log-dir", log_dir, "--step-sleep", str(step_sleep)] + list(extra)
     out_path = os.path.join(tmp, "out.txt")
