@@ -65,6 +65,9 @@ def run(tmp, schedule, np_=2, min_np=2, max_np=3, epochs=3, kill_host=None, kill
     disc, progress = write_discovery(tmp, schedule)
     env = dict(os.environ, OMP_NUM_THREADS="1", TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1",
                PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
+    # survivors learn of a dead peer when a Gloo collective times out: that timeout (default
+    # 30 s) is the recovery time; 10 s keeps the test short and still far above a step's time
+    env.setdefault("HOROVOD_GLOO_TIMEOUT_SECONDS", "10")
     cmd = ["horovodrun", "-np", str(np_), "--min-np", str(min_np), "--max-np", str(max_np),
            "--host-discovery-script", disc, "--elastic-timeout", "60", "--gloo",
            # both fake hosts are this machine: name the interface instead of probing 2 hosts
