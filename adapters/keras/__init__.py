@@ -33,7 +33,7 @@ from horovod.tensorflow import (Adasum, Average, ProcessSet, Sum, add_process_se
 from hvdp import __version__  # noqa: E402,F401
 from hvdp.plan import CompressionPolicy  # noqa: E402,F401
 
-from . import callbacks  # noqa: E402,F401
+from . import callbacks, elastic  # noqa: E402,F401
 from hvdp.codecs import Compression  # noqa: E402,F401
 from .functions import broadcast_variables  # noqa: E402,F401
 from .ops import TFOps  # noqa: E402,F401

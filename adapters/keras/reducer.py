@@ -21,7 +21,9 @@ class VariableStore:
         self.prefix, self.vars = prefix, {}
 
     def create(self, name, n):
-        if name not in self.vars:
+        """A zero residual of n elements; one of another size (a new layout) is replaced."""
+        v = self.vars.get(name)
+        if v is None or v.shape.num_elements() != n:
             self.vars[name] = tf.Variable(tf.zeros([n]), trainable=False,
                                           name=op_name(f"{self.prefix}_{name}"))
 
@@ -36,9 +38,11 @@ class VariableStore:
         return {k: v.numpy() for k, v in self.vars.items()}
 
     def restore(self, data):
-        for k, v in data.items():
-            if k in self.vars and self.vars[k].shape.num_elements() == v.size:
-                self.vars[k].assign(v)
+        """Residuals from ``data`` where present and of the right size; zero otherwise."""
+        for k, var in self.vars.items():
+            v = data.get(k)
+            ok = v is not None and var.shape.num_elements() == v.size
+            var.assign(v if ok else tf.zeros_like(var))
 
 
 class GradientReducer:
@@ -73,6 +77,23 @@ class GradientReducer:
                     c, padded = self.two_phase.layout(sum(self.numels[i] for i in idx))
                     ws.create(f"b{b}", padded)
                     ss.create(f"b{b}", c)
+
+    def relayout(self):
+        """After the number of workers changed: residual variables to the new layout (kept
+        where their size is unchanged, zero otherwise). Eager; retrace train steps after it."""
+        if self.two_phase is None or not self.two_phase.error_feedback:
+            return
+        for b, idx in enumerate(self.plan.buckets):
+            c, padded = self.two_phase.layout(sum(self.numels[i] for i in idx))
+            self.two_phase.worker.create(f"b{b}", padded)
+            self.two_phase.server.create(f"b{b}", c)
+
+    def residual_state(self):
+        return None if self.two_phase is None else self.two_phase.state_dict()
+
+    def load_residual_state(self, state):
+        if self.two_phase is not None and state is not None:
+            self.two_phase.load_state_dict(state)
 
     # --- reduction --------------------------------------------------------------------------
     def _plain(self, g, i, compress):

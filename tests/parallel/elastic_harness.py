@@ -57,7 +57,7 @@ def committed_steps(records):
 
 
 def run(tmp, schedule, np_=2, min_np=2, max_np=3, epochs=3, kill_host=None, kill_after=None,
-        step_sleep=0.03, timeout=300, extra=()):
+        step_sleep=0.03, timeout=300, extra=(), script="torch_elastic.py"):
     """Run the elastic job; optionally SIGKILL the worker on ``kill_host`` after ``kill_after``
     committed steps. Returns (returncode, output, kill_time or None)."""
     log_dir = os.path.join(tmp, "logs")
@@ -72,7 +72,7 @@ def run(tmp, schedule, np_=2, min_np=2, max_np=3, epochs=3, kill_host=None, kill
            "--host-discovery-script", disc, "--elastic-timeout", "60", "--gloo",
            # both fake hosts are this machine: name the interface instead of probing 2 hosts
            "--network-interface", "lo",
-           sys.executable, os.path.join(ROOT, "examples", "torch_elastic.py"), "--epochs", str(epochs),
+           sys.executable, os.path.join(ROOT, "examples", script), "--epochs", str(epochs),
            "--log-dir", log_dir, "--step-sleep", str(step_sleep)] + list(extra)
     out_path = os.path.join(tmp, "out.txt")
     kill_time = None

@@ -8,9 +8,11 @@ pytestmark = pytest.mark.parallel
 NUM_TRAIN = 1347  # digits: 1797 samples, 25% held out (examples/torch_digits.load_data)
 
 
-def test_fault_worker_killed_mid_epoch(tmp_path):
+@pytest.mark.parametrize("script", ["torch_elastic.py", "keras_elastic.py"])
+def test_fault_worker_killed_mid_epoch(tmp_path, script):
     schedule = [(0, ["localhost:2", "127.0.0.1:1"])]
-    rc, out, kill_time = eh.run(str(tmp_path), schedule, np_=3, kill_host="127.0.0.1", kill_after=40)
+    rc, out, kill_time = eh.run(str(tmp_path), schedule, np_=3, kill_host="127.0.0.1", kill_after=40,
+                                script=script, timeout=400)
     assert kill_time is not None
     assert rc == 0, out[-4000:]
     steps, finals = eh.audit(str(tmp_path), NUM_TRAIN, 3)
@@ -22,7 +24,7 @@ def test_fault_worker_killed_mid_epoch(tmp_path):
     first = sum(s["loss"] for s in steps[:5]) / 5
     assert after[0]["loss"] < 0.5 * first, (after[0]["loss"], first)
     assert after[0]["commit"] <= before[-1]["commit"] + 1
-    print(f"\nfault run: kill at commit {before[-1]['commit']}, recovery {recovery:.2f} s, "
+    print(f"\nfault run ({script}): kill at commit {before[-1]['commit']}, recovery {recovery:.2f} s, "
           f"{len(steps)} committed steps, losses {first:.3f} -> {after[0]['loss']:.3f}, "
           f"{len(finals)} ranks with identical final parameters")
 

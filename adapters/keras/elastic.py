@@ -1,0 +1,106 @@
+"""``hvd.elastic`` for Keras 3: Horovod's ``run`` with a state object that knows Keras 3 models,
+hvdp's optimizer (error-feedback residuals included) and the elastic sampler.
+
+Horovod's ``TensorFlowKerasState`` is tf-keras 2 only. Rule after a resize, as in hvdp.torch:
+a residual is kept where its layout is unchanged and restarts from zero otherwise; a traced
+train step must be traced again (the bucket layout depends on the number of workers), so make
+the ``tf.function`` inside the function given to ``run``.
+"""
+import functools
+
+import horovod.tensorflow as _hvd
+import tensorflow as tf
+from horovod.common.elastic import ObjectState, run_fn
+from horovod.common.exceptions import HorovodInternalError
+
+from hvdp.elastic import ElasticOrder
+
+from .functions import broadcast_variables
+
+
+def _reset():
+    _hvd.shutdown()
+    _hvd.init()
+
+
+def run(func):
+    """Horovod's elastic ``run`` for TF: re-sync after a reset, roll back after a failure.
+
+    Horovod 0.28.1's TF version turns a failed collective into a reset only when the TF error
+    names HorovodAllreduce, HorovodAllgather or HorovodBroadcast, and otherwise swallows the
+    error and returns as if training had finished. hvdp's two-phase codecs use HorovodAlltoall,
+    so here every failed Horovod op resets, and any other error propagates.
+    """
+    @functools.wraps(func)
+    def wrapper(state, *args, **kwargs):
+        try:
+            return func(state, *args, **kwargs)
+        except tf.errors.OpError as e:
+            if "Horovod" in (e.message or ""):
+                raise HorovodInternalError(e) from e
+            raise
+    return run_fn(wrapper, _reset)
+
+
+class ElasticSampler(ElasticOrder):
+    """This rank's indices of every step; see :class:`hvdp.elastic.ElasticOrder`."""
+
+    def __init__(self, num_samples, batch_size, shuffle=True, seed=0):
+        super().__init__(num_samples, batch_size, _hvd.rank, _hvd.size, shuffle, seed)
+
+
+class KerasState(ObjectState):
+    """Commit / restore / sync of a Keras 3 model, its (hvdp) optimizer, a sampler and any
+    other picklable attributes given as keywords (``epoch=0``, ...).
+
+    Example::
+
+        state = hvd.elastic.KerasState(model, opt, sampler=sampler, epoch=0)
+    """
+
+    def __init__(self, model, optimizer=None, sampler=None, **kwargs):
+        self.model, self.optimizer, self.sampler = model, optimizer, sampler
+        super().__init__(bcast_object=_hvd.broadcast_object, get_rank=_hvd.rank, **kwargs)
+        self._saved_vars = None
+        self._ensure_built()
+        self.save()
+
+    def _ensure_built(self):
+        opt = self.optimizer
+        if opt is not None and not opt.built:
+            opt.build(self.model.trainable_variables)
+
+    def _shared_variables(self):
+        opt_vars = list(self.optimizer.variables) if self.optimizer is not None else []
+        return list(self.model.variables) + opt_vars
+
+    def _reducer(self):
+        return getattr(self.optimizer, "_hvdp", None)
+
+    def save(self):
+        red = self._reducer()
+        self._saved_vars = ([v.numpy() for v in self._shared_variables()],
+                            red.residual_state() if red is not None else None,
+                            self.sampler.state_dict() if self.sampler is not None else None)
+        super().save()
+
+    def restore(self):
+        values, residuals, sampler = self._saved_vars
+        for v, x in zip(self._shared_variables(), values):
+            v.assign(x)
+        red = self._reducer()
+        if red is not None and residuals is not None:
+            red.load_residual_state(residuals)
+        if sampler is not None:
+            self.sampler.load_state_dict(sampler)
+        super().restore()
+
+    def sync(self):
+        self._ensure_built()
+        red = self._reducer()
+        if red is not None:
+            red.relayout()  # the number of workers may have changed
+        broadcast_variables(self._shared_variables(), root_rank=0)
+        if self.sampler is not None:
+            self.sampler.load_state_dict(_hvd.broadcast_object(self.sampler.state_dict(), root_rank=0))
+        super().sync()

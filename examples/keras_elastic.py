@@ -1,0 +1,100 @@
+"""Elastic data-parallel training on digits with Keras 3: survives workers dying, joining, leaving.
+
+    horovodrun -np 3 --min-np 2 --max-np 3 --host-discovery-script ./discover.sh --gloo \
+        python examples/keras_elastic.py --compression int8
+
+Same audit log as examples/torch_elastic.py with ``--log-dir``.
+"""
+import argparse
+import hashlib
+import json
+import os
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+from sklearn.datasets import load_digits  # noqa: E402
+from sklearn.model_selection import train_test_split  # noqa: E402
+
+import hvdp.keras as hvd  # noqa: E402
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--batch-size", type=int, default=16, help="per worker")
+    p.add_argument("--lr", type=float, default=0.02, help="per worker; scaled by the current size")
+    p.add_argument("--compression", default="int8")
+    p.add_argument("--log-dir")
+    p.add_argument("--step-sleep", type=float, default=0.0)
+    args = p.parse_args()
+
+    hvd.init()
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    keras.utils.set_random_seed(0)
+    x, y = load_digits(return_X_y=True)
+    xtr, xte, ytr, yte = train_test_split((x / 16.0).astype("float32"), y, test_size=0.25,
+                                          random_state=0, stratify=y)
+    model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(256, activation="relu"),
+                              keras.layers.Dense(256, activation="relu"), keras.layers.Dense(10)])
+    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(args.lr * hvd.size(), momentum=0.9),
+                                   compression=args.compression)
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="sum")
+    sampler = hvd.elastic.ElasticSampler(len(xtr), args.batch_size, seed=0)
+    state = hvd.elastic.KerasState(model, opt, sampler=sampler, epoch=0, commits=0)
+    log = None
+    if args.log_dir:
+        os.makedirs(args.log_dir, exist_ok=True)
+        tag = f"{os.environ.get('HOROVOD_HOSTNAME', 'localhost')}-{os.environ.get('HOROVOD_LOCAL_RANK', '0')}-{os.getpid()}"
+        with open(os.path.join(args.log_dir, f"pid-{tag}"), "w") as f:
+            f.write(str(os.getpid()))
+        log = open(os.path.join(args.log_dir, f"log-{tag}.jsonl"), "a", buffering=1)
+
+    @hvd.elastic.run
+    def train(state):
+        opt.learning_rate.assign(args.lr * hvd.size())
+
+        @tf.function  # made here: traced again after every reset (the layout follows the size)
+        def step(xb, yb, w):
+            with tf.GradientTape() as tape:
+                loss = loss_fn(yb, model(xb, training=True), sample_weight=w) / tf.maximum(tf.reduce_sum(w), 1.0)
+            opt.apply(tape.gradient(loss, model.trainable_variables), model.trainable_variables)
+            return loss * tf.reduce_sum(w)
+
+        while state.epoch < args.epochs:
+            for idx in state.sampler:
+                # a rank without samples in the last step still takes part, with zero weight
+                xb, yb, w = (xtr[idx], ytr[idx], np.ones(len(idx), "float32")) if idx else \
+                    (xtr[:1], ytr[:1], np.zeros(1, "float32"))
+                loss_sum = float(step(xb, yb, w))
+                block = hvd.allgather_object((list(map(int, idx)), loss_sum))
+                state.sampler.record_batch()
+                state.commits += 1
+                if log:  # before commit(): it saves first, then may raise to reset
+                    ids = [i for part, _ in block for i in part]
+                    log.write(json.dumps({"commit": state.commits, "epoch": state.epoch, "t": time.time(),
+                                          "size": hvd.size(), "ids": ids,
+                                          "loss": sum(s for _, s in block) / max(1, len(ids))}) + "\n")
+                state.commit()
+                if args.step_sleep:
+                    time.sleep(args.step_sleep)
+            state.epoch += 1
+            state.sampler.set_epoch(state.epoch)
+            state.commit()
+
+    train(state)
+    acc = float(np.mean(np.argmax(model.predict(xte, verbose=0), 1) == yte))
+    digest = hashlib.sha256(b"".join(w.tobytes() for w in model.get_weights())).hexdigest()
+    if log:
+        log.write(json.dumps({"final": digest, "size": hvd.size(), "test_accuracy": acc}) + "\n")
+    if hvd.rank() == 0:
+        print(f"done: {args.epochs} epochs, {state.commits} committed steps, {hvd.size()} workers at the end, "
+              f"test accuracy {acc:.4f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
