@@ -18,7 +18,7 @@ quiet() { "$@" 2>&1 | { grep -v '^WARNING: Location' || true; }; }
 say() { printf '[setup %3ss] %s\n' "$(( $(date +%s) - T0 ))" "$*"; }
 
 # --- 1. system packages ----------------------------------------------------------------------
-SYS_PKGS=(libopenmpi-dev openmpi-bin cmake g++ make)
+SYS_PKGS=(libopenmpi-dev openmpi-bin cmake g++ make openssh-client)
 missing=()
 for p in "${SYS_PKGS[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
