@@ -23,11 +23,12 @@ from hvdp.simcomm import FakeGroup
 from hvdp.stats import WireStats
 from hvdp.twophase import TwoPhaseReducer
 from hvdp.torch import TorchOps
+from hvdp.torch.compiled import CompiledCodec
 
 T95 = 2.262  # Student t, 9 degrees of freedom
 
 
-def timed(fn, reps=10, iters=10, warmup=3):
+def timed(fn, reps=10, iters=10, warmup=3):  # warm-up also absorbs torch.compile
     for _ in range(warmup):
         fn()
     rates = []
@@ -56,8 +57,11 @@ def speed(mib):
     rows["memcpy"] = (gbs(base), gbs(base_ci), 1.0)
     for label, name, ef in [("fp16", "fp16", False), ("bf16", "bf16", False),
                             ("int8", "int8", False), ("int8+EF", "int8", True),
+                            ("int8 compiled", "int8", False), ("int8+EF compiled", "int8", True),
                             ("topk 1%+EF", "topk", True)]:
         codec = codecs.get(name)
+        if "compiled" in label:
+            codec = CompiledCodec(codec)
         if ef:
             red = TwoPhaseReducer(codec, ops, _One(), True, AVERAGE)
             fn = lambda red=red: red.finish(red.start("b", x))  # noqa: E731

@@ -52,7 +52,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rate", default="1gbit")
     ap.add_argument("--json-out", required=True)
-    ap.add_argument("--codecs", default="none,fp16,bf16,int8")
+    ap.add_argument("--codecs", default="none,fp16,bf16,int8,int8+compiled")
     ap.add_argument("--width", type=int, default=2560, help="2560: ~26 MB of float32 gradients")
     a = ap.parse_args()
     if os.geteuid() != 0 or not shutil.which("ip") or not shutil.which("tc"):

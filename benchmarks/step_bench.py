@@ -53,11 +53,13 @@ def main():
 
     contenders = {}
     if a.codecs:
-        for c in a.codecs.split(","):
+        for c in a.codecs.split(","):  # "int8+compiled": the codec fused by torch.compile
             m = copy.deepcopy(base)
+            name = c.split("+")[0]
             contenders[c] = make_step(m, hvd.DistributedOptimizer(
                 torch.optim.SGD(m.parameters(), lr=0.01), named_parameters=[
-                    (f"{c}.{k}", p) for k, p in m.named_parameters()], compression=c))
+                    (f"{c}.{k}", p) for k, p in m.named_parameters()], compression=name,
+                compile_codecs=c.endswith("+compiled")))
         return run(a, contenders, base)
     m1 = copy.deepcopy(base)
     contenders["horovod"] = make_step(m1, raw_hvd.DistributedOptimizer(

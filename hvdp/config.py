@@ -4,6 +4,7 @@ import os
 HVDP_FUSION_THRESHOLD = "HVDP_FUSION_THRESHOLD"          # bytes per compressed bucket
 HVDP_MIN_COMPRESS_ELEMENTS = "HVDP_MIN_COMPRESS_ELEMENTS"  # smaller tensors stay uncompressed
 HVDP_CACHE_DIR = "HVDP_CACHE_DIR"                        # set-up cache (scripts/setup.sh)
+HVDP_COMPILE_CODECS = "HVDP_COMPILE_CODECS"              # 1: torch.compile the codecs (torch)
 
 
 def env_int(name: str, default: int) -> int:

@@ -12,11 +12,13 @@ import horovod.torch as _hvd
 import torch
 
 from hvdp.collectives import AVERAGE, SUM
+from hvdp.config import HVDP_COMPILE_CODECS
 from hvdp.plan import CompressionPolicy, make_plan
 from hvdp.stats import WireStats, ring_allreduce_bytes
 from hvdp.twophase import TwoPhaseReducer
 
 from .comm import TorchCollectives
+from .compiled import CompiledCodec
 from .compression import Compression, resolve
 from .ops import TorchOps
 
@@ -49,7 +51,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def __init__(self, params, named_parameters, codec, hvd_compressor, policy,
                  backward_passes_per_step, op, gradient_predivide_factor, groups,
-                 sparse_as_dense, process_set):
+                 sparse_as_dense, process_set, compile_codecs=False):
         super(self.__class__, self).__init__(params)
         # settings
         self._codec, self._hvd_compressor, self._policy = codec, hvd_compressor, policy
@@ -70,7 +72,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         ef = policy.error_feedback if policy.error_feedback is not None else \
             (codec.error_feedback_default if codec is not None else False)
         self.stats = WireStats()
-        self._reducer = TwoPhaseReducer(codec, _OPS, self._comm, ef, self._op, self._predivide,
+        run_codec = CompiledCodec(codec) if (two_phase and compile_codecs) else codec
+        self._reducer = TwoPhaseReducer(run_codec, _OPS, self._comm, ef, self._op, self._predivide,
                                         self.stats) if two_phase else None
         # internal state, reset every step
         self._step_count = 0
@@ -297,12 +300,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
                          backward_passes_per_step=1, op=_hvd.Average, gradient_predivide_factor=1.0,
                          num_groups=0, groups=None, sparse_as_dense=False,
-                         process_set=_hvd.global_process_set, policy=None):
+                         process_set=_hvd.global_process_set, policy=None, compile_codecs=None):
     """Wrap a torch optimizer so each step averages gradients across workers first.
 
     Horovod's arguments keep Horovod's meaning. ``compression`` also takes a codec name
     ("none", "fp16", "bf16", "int8", "topk") or an ``hvd.Compression`` member; ``policy`` an
-    :class:`hvdp.CompressionPolicy` (size threshold, name patterns, warm-up, fusion, error feedback).
+    :class:`hvdp.CompressionPolicy` (size threshold, name patterns, warm-up, fusion, error feedback);
+    ``compile_codecs`` fuses the codec with torch.compile (default: env ``HVDP_COMPILE_CODECS=1``).
 
     Example::
 
@@ -331,7 +335,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     if num_groups:
         warnings.warn("num_groups is deprecated (as in Horovod): use groups=", DeprecationWarning)
         groups = groups if groups is not None else num_groups
+    if compile_codecs is None:
+        compile_codecs = os.environ.get(HVDP_COMPILE_CODECS, "0") == "1"
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_DistributedOptimizer.__dict__))
     return cls(optimizer.param_groups, named_parameters, codec, hvd_compressor, policy,
                backward_passes_per_step, op, gradient_predivide_factor, groups, sparse_as_dense,
-               process_set)
+               process_set, compile_codecs)

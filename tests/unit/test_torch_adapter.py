@@ -47,3 +47,21 @@ def test_compression_members_and_horovod_compressors():
     assert hvd.Compression.topk.configure(ratio=0.1).ratio == 0.1
     with pytest.raises(ValueError, match="valid names"):
         resolve("int3")
+
+
+@pytest.mark.timeout(600)
+def test_compiled_codec_equals_reference():
+    """torch.compile'd int8 (the general path, fused) gives the reference's bytes and values."""
+    from hvdp.torch.compiled import CompiledCodec
+    codec = codecs.get("int8", block_size=64)
+    fused = CompiledCodec(codec)
+    x = (RNG.standard_normal(64 * 40) * 10).astype(np.float32)
+    x[5] = np.inf
+    ref = codec.encode(NumpyOps(), x)
+    got = fused.encode(None, torch.from_numpy(x.copy()))
+    np.testing.assert_array_equal(got.numpy(), ref)
+    dec = fused.decode(None, got, x.size).numpy()
+    dref = codec.decode(NumpyOps(), ref, x.size)
+    np.testing.assert_array_equal(np.isnan(dec), np.isnan(dref))
+    np.testing.assert_array_equal(dec[~np.isnan(dec)], dref[~np.isnan(dref)])
+    assert str(fused) == str(codec) and fused.payload_nbytes(128) == codec.payload_nbytes(128)
