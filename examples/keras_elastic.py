@@ -6,10 +6,8 @@
 Same audit log as examples/torch_elastic.py with ``--log-dir``.
 """
 import argparse
-import hashlib
-import json
 import os
-import time
+import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -20,6 +18,9 @@ from sklearn.datasets import load_digits  # noqa: E402
 from sklearn.model_selection import train_test_split  # noqa: E402
 
 import hvdp.keras as hvd  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from elastic_audit import AuditLog, end_step  # noqa: E402
 
 
 def main():
@@ -46,13 +47,7 @@ def main():
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="sum")
     sampler = hvd.elastic.ElasticSampler(len(xtr), args.batch_size, seed=0)
     state = hvd.elastic.KerasState(model, opt, sampler=sampler, epoch=0, commits=0)
-    log = None
-    if args.log_dir:
-        os.makedirs(args.log_dir, exist_ok=True)
-        tag = f"{os.environ.get('HOROVOD_HOSTNAME', 'localhost')}-{os.environ.get('HOROVOD_LOCAL_RANK', '0')}-{os.getpid()}"
-        with open(os.path.join(args.log_dir, f"pid-{tag}"), "w") as f:
-            f.write(str(os.getpid()))
-        log = open(os.path.join(args.log_dir, f"log-{tag}.jsonl"), "a", buffering=1)
+    log = AuditLog(args.log_dir)
 
     @hvd.elastic.run
     def train(state):
@@ -72,25 +67,14 @@ def main():
                     (xtr[:1], ytr[:1], np.zeros(1, "float32"))
                 loss_sum = float(step(xb, yb, w))
                 block = hvd.allgather_object((list(map(int, idx)), loss_sum))
-                state.sampler.record_batch()
-                state.commits += 1
-                if log:  # before commit(): it saves first, then may raise to reset
-                    ids = [i for part, _ in block for i in part]
-                    log.write(json.dumps({"commit": state.commits, "epoch": state.epoch, "t": time.time(),
-                                          "size": hvd.size(), "ids": ids,
-                                          "loss": sum(s for _, s in block) / max(1, len(ids))}) + "\n")
-                state.commit()
-                if args.step_sleep:
-                    time.sleep(args.step_sleep)
+                end_step(state, block, hvd.size(), log, args.step_sleep)
             state.epoch += 1
             state.sampler.set_epoch(state.epoch)
             state.commit()
 
     train(state)
     acc = float(np.mean(np.argmax(model.predict(xte, verbose=0), 1) == yte))
-    digest = hashlib.sha256(b"".join(w.tobytes() for w in model.get_weights())).hexdigest()
-    if log:
-        log.write(json.dumps({"final": digest, "size": hvd.size(), "test_accuracy": acc}) + "\n")
+    log.final(model.get_weights(), hvd.size(), acc)
     if hvd.rank() == 0:
         print(f"done: {args.epochs} epochs, {state.commits} committed steps, {hvd.size()} workers at the end, "
               f"test accuracy {acc:.4f}", flush=True)

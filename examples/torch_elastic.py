@@ -10,16 +10,14 @@ a failure the survivors roll back to the last commit and re-split the rest of th
 With ``--log-dir``, every committed step's global sample ids are logged for auditing.
 """
 import argparse
-import hashlib
-import json
 import os
 import sys
-import time
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import hvdp.torch as hvd  # noqa: E402
+from elastic_audit import AuditLog, end_step  # noqa: E402
 from torch_digits import load_data, make_model  # noqa: E402
 
 
@@ -42,14 +40,7 @@ def main():
                                    named_parameters=model.named_parameters(), compression=args.compression)
     sampler = hvd.elastic.ElasticSampler(len(xtr), args.batch_size, seed=0)
     state = hvd.elastic.TorchState(model=model, optimizer=opt, sampler=sampler, epoch=0, commits=0)
-    log = None
-    if args.log_dir:
-        os.makedirs(args.log_dir, exist_ok=True)
-        host = os.environ.get("HOROVOD_HOSTNAME", "localhost")
-        tag = f"{host}-{os.environ.get('HOROVOD_LOCAL_RANK', '0')}-{os.getpid()}"
-        with open(os.path.join(args.log_dir, f"pid-{tag}"), "w") as f:
-            f.write(str(os.getpid()))
-        log = open(os.path.join(args.log_dir, f"log-{tag}.jsonl"), "a", buffering=1)
+    log = AuditLog(args.log_dir)
 
     def on_reset():
         for g in opt.param_groups:  # keep lr = per-worker lr x current number of workers
@@ -70,16 +61,7 @@ def main():
                     loss_sum = loss.item() * len(idx)
                 opt.step()
                 block = hvd.allgather_object((idx, loss_sum))  # this step's global sample ids
-                state.sampler.record_batch()
-                state.commits += 1
-                if log:  # before commit(): it saves first, then may raise to reset (hosts changed)
-                    ids = [i for part, _ in block for i in part]
-                    log.write(json.dumps({"commit": state.commits, "epoch": state.epoch, "t": time.time(),
-                                          "size": hvd.size(), "ids": ids,
-                                          "loss": sum(s for _, s in block) / max(1, len(ids))}) + "\n")
-                state.commit()
-                if args.step_sleep:
-                    time.sleep(args.step_sleep)
+                end_step(state, block, hvd.size(), log, args.step_sleep)
             state.epoch += 1
             state.sampler.set_epoch(state.epoch)
             state.commit()
@@ -87,9 +69,7 @@ def main():
     train(state)
     with torch.no_grad():
         acc = (model(xte).argmax(1) == yte).float().mean().item()
-    digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.parameters())).hexdigest()
-    if log:
-        log.write(json.dumps({"final": digest, "size": hvd.size(), "test_accuracy": acc}) + "\n")
+    log.final([p.detach().numpy() for p in model.parameters()], hvd.size(), acc)
     if hvd.rank() == 0:
         print(f"done: {args.epochs} epochs, {state.commits} committed steps, {hvd.size()} workers at the end, "
               f"test accuracy {acc:.4f}", flush=True)

@@ -14,6 +14,22 @@ AVERAGE = "average"
 SUM = "sum"
 
 
+class ProcessSetCollectives:
+    """Base of the adapters' collectives: size and rank from a Horovod process set, read live
+    (an elastic reset changes them)."""
+
+    def __init__(self, process_set):
+        self.process_set = process_set
+
+    @property
+    def size(self) -> int:
+        return self.process_set.size()
+
+    @property
+    def rank(self) -> int:
+        return self.process_set.rank()
+
+
 class Collectives(Protocol):
     size: int
     rank: int

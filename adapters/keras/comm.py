@@ -3,7 +3,7 @@ import re
 
 import horovod.tensorflow as _hvd
 
-from hvdp.collectives import AVERAGE
+from hvdp.collectives import AVERAGE, ProcessSetCollectives
 
 
 def op_name(name: str) -> str:
@@ -11,17 +11,9 @@ def op_name(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_./-]", "_", name).lstrip("_/") or "t"
 
 
-class TFCollectives:
+class TFCollectives(ProcessSetCollectives):
     def __init__(self, process_set=_hvd.global_process_set):
-        self.process_set = process_set
-
-    @property
-    def size(self):
-        return self.process_set.size()
-
-    @property
-    def rank(self):
-        return self.process_set.rank()
+        super().__init__(process_set)
 
     def allreduce_async(self, x, name, op, prescale=1.0, postscale=1.0):
         return _hvd.allreduce(x, op=_hvd.Average if op == AVERAGE else _hvd.Sum,

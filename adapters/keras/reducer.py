@@ -3,7 +3,6 @@ import math
 
 import tensorflow as tf
 
-from hvdp.collectives import AVERAGE
 from hvdp.plan import make_plan
 from hvdp.stats import WireStats, ring_allreduce_bytes, two_phase_bytes
 from hvdp.twophase import TwoPhaseReducer

@@ -1,20 +1,12 @@
 """hvdp's collectives protocol (``hvdp.collectives``) on horovod.torch's async ops."""
 import horovod.torch as _hvd
 
-from hvdp.collectives import AVERAGE
+from hvdp.collectives import AVERAGE, ProcessSetCollectives
 
 
-class TorchCollectives:
+class TorchCollectives(ProcessSetCollectives):
     def __init__(self, process_set=_hvd.global_process_set):
-        self.process_set = process_set
-
-    @property
-    def size(self):
-        return self.process_set.size()
-
-    @property
-    def rank(self):
-        return self.process_set.rank()
+        super().__init__(process_set)
 
     def allreduce_async(self, x, name, op, prescale=1.0, postscale=1.0):
         return _hvd.allreduce_async_(x, name=name, op=_hvd.Average if op == AVERAGE else _hvd.Sum,

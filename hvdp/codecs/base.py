@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, ClassVar, Dict, Type
+from typing import Any, ClassVar, Dict, Type
 
 Array = Any
 
