@@ -61,9 +61,21 @@ class _OrderHandler(StateHandler):
 
 
 class _OptimizerHandler(OptimizerStateHandler):
-    """Syncs with hvdp's broadcast (its state-creating step is local, not a reduction)."""
+    """Drops the reductions a failed step left in flight (a worker died during backward, with
+    some gradient hooks already launched), and syncs with hvdp's broadcast (its state-creating
+    step is local, not a reduction)."""
+
+    def _clear(self):
+        clear = getattr(self.value, "_clear_pending", None)
+        if clear is not None:
+            clear()
+
+    def restore(self):
+        self._clear()
+        super().restore()
 
     def sync(self):
+        self._clear()
         broadcast_optimizer_state(self.value, root_rank=0)
 
 

@@ -9,7 +9,8 @@ from conftest import CONTROLLERS, WORKERS, checks_passed, horovodrun
 pytestmark = pytest.mark.parallel
 
 CHECKS = ["grad_average", "two_equal_one", "bpps", "broadcast", "amp", "codecs", "state",
-          "nonfinite", "errors", "warmup", "sparse_unused_empty", "checkpoint"]
+          "nonfinite", "errors", "warmup", "sparse_unused_empty", "checkpoint",
+          "elastic_restore"]
 
 
 @functools.lru_cache(maxsize=None)

@@ -317,6 +317,29 @@ def check_checkpoint_resume():
     params_close(model, model2, tol=0.0)
 
 
+def check_restore_after_failed_step():
+    """As elastic.run does after a failure mid-backward: restore() must drop what the gradient
+    hooks had already launched, or the next zero_grad() would refuse to run."""
+    import time
+    model, x, y = model_and_data(seed=8)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters(), compression="int8",
+                                   policy=hvd.CompressionPolicy(min_elements=1))
+    state = hvd.elastic.TorchState(model=model, optimizer=opt)
+    sl = my_slice(len(x))
+    torch.nn.functional.cross_entropy(model(x[sl]), y[sl]).backward()  # reductions launched
+    try:
+        opt.zero_grad()
+    except AssertionError:
+        pass
+    else:
+        raise AssertionError("zero_grad() with reductions in flight was accepted")
+    time.sleep(0.5)  # (the abandoned collectives finish; a real reset shuts Horovod down instead)
+    state.restore()
+    train(model, opt, x[sl], y[sl], 2)
+    ranks_identical(model)
+
+
 CHECKS = {
     "grad_average": check_grad_average,
     "two_equal_one": check_two_workers_equal_one,
@@ -330,6 +353,7 @@ CHECKS = {
     "warmup": check_warmup,
     "sparse_unused_empty": check_sparse_unused_empty,
     "checkpoint": check_checkpoint_resume,
+    "elastic_restore": check_restore_after_failed_step,
 }
 
 if __name__ == "__main__":
