@@ -95,11 +95,16 @@ class KerasState(ObjectState):
             self.sampler.load_state_dict(sampler)
         super().restore()
 
-    def sync(self):
-        self._ensure_built()
+    def reset(self):
+        # after every reset, also one that skips sync (workers only removed): the number of
+        # workers changed, and with it the residuals' layout
         red = self._reducer()
         if red is not None:
-            red.relayout()  # the number of workers may have changed
+            red.relayout()
+
+    def sync(self):
+        self._ensure_built()
+        self.reset()
         broadcast_variables(self._shared_variables(), root_rank=0)
         if self.sampler is not None:
             self.sampler.load_state_dict(_hvd.broadcast_object(self.sampler.state_dict(), root_rank=0))

@@ -30,11 +30,12 @@ def test_fault_worker_killed_mid_epoch(tmp_path, script):
           f"{len(finals)} ranks with identical final parameters")
 
 
-def test_resize_two_three_two(tmp_path):
+@pytest.mark.parametrize("script", ["torch_elastic.py", "keras_elastic.py"])
+def test_resize_two_three_two(tmp_path, script):
     schedule = [(0, ["localhost:2"]), (15, ["localhost:2", "127.0.0.1:1"]), (45, ["localhost:2"])]
-    rc, out, _ = eh.run(str(tmp_path), schedule, np_=2, step_sleep=0.06)
+    rc, out, _ = eh.run(str(tmp_path), schedule, np_=2, step_sleep=0.06, script=script, timeout=400)
     assert rc == 0, out[-4000:]
     steps, _ = eh.audit(str(tmp_path), NUM_TRAIN, 3)
     sizes = [s["size"] for s in steps]
     assert sizes[0] == 2 and 3 in sizes and sizes[-1] == 2, sizes
-    print(f"\nresize run: sizes by step {sizes[0]} -> {max(sizes)} -> {sizes[-1]}, {len(steps)} committed steps")
+    print(f"\nresize run ({script}): sizes by step {sizes[0]} -> {max(sizes)} -> {sizes[-1]}, {len(steps)} committed steps")
