@@ -340,6 +340,40 @@ def check_restore_after_failed_step():
     ranks_identical(model)
 
 
+def check_horovod_options():
+    """groups (a count and explicit lists), op=Sum, gradient_predivide_factor, Adasum."""
+    x, y = model_and_data()[1:]
+    sl = my_slice(len(x))
+    for kw, scale in [({"groups": 2}, 1.0), ({"groups": "lists"}, 1.0), ({"op": hvd.Sum}, hvd.size()),
+                      ({"gradient_predivide_factor": 2.0}, 1.0)]:
+        model = model_and_data()[0]
+        twin = copy.deepcopy(model)
+        if kw.get("groups") == "lists":
+            ps = list(model.parameters())
+            kw = {"groups": [ps[:2], ps[2:]]}
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                       named_parameters=model.named_parameters(), **kw)
+        torch.nn.functional.cross_entropy(twin(x[sl]), y[sl]).backward()
+        torch.nn.functional.cross_entropy(model(x[sl]), y[sl]).backward()
+        opt.synchronize()
+        for i, (p, q) in enumerate(zip(model.parameters(), twin.parameters())):
+            exact = hvd.allgather(q.grad.reshape(1, -1), name=f"opt.{i}.{len(str(kw))}").double().mean(0)
+            assert (p.grad.reshape(-1).double() - scale * exact).abs().max() <= 1e-6, kw
+    if hvd.mpi_enabled():  # Horovod implements Adasum over MPI only
+        model = model_and_data()[0]
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                       named_parameters=model.named_parameters(), op=hvd.Adasum)
+        train(model, opt, x[sl], y[sl], 1)  # Horovod's own Adasum optimizer, one step
+        ranks_identical(model)
+    try:
+        hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), op=hvd.Adasum,
+                                 compression="int8")
+    except ValueError as e:
+        assert "Adasum" in str(e)
+    else:
+        raise AssertionError("Adasum with int8 accepted")
+
+
 CHECKS = {
     "grad_average": check_grad_average,
     "two_equal_one": check_two_workers_equal_one,
@@ -354,6 +388,7 @@ CHECKS = {
     "sparse_unused_empty": check_sparse_unused_empty,
     "checkpoint": check_checkpoint_resume,
     "elastic_restore": check_restore_after_failed_step,
+    "horovod_options": check_horovod_options,
 }
 
 if __name__ == "__main__":
