@@ -9,6 +9,40 @@ import tempfile
 from typing import Callable, IO
 
 
+def _fsync_dir(folder: str) -> None:
+    dfd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(dfd)  # the rename itself reaches the disk
+    finally:
+        os.close(dfd)
+
+
+def atomic_save(path: str, save: Callable[[str], None]) -> None:
+    """For writers that take a file name: ``save(tmp)`` beside ``path`` (same suffix), then
+    fsync and rename over ``path``.
+
+    Example::
+
+        atomic_save("model.keras", model.save)
+    """
+    folder, base = os.path.split(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    tmp = os.path.join(folder, f".tmp-{os.getpid()}-{base}")  # keeps the suffix writers check
+    try:
+        save(tmp)
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    _fsync_dir(folder)
+
+
 def atomic_write(path: str, write: Callable[[IO[bytes]], None]) -> None:
     """Call ``write(f)`` on a temporary file beside ``path``, then atomically replace ``path``.
 
@@ -31,8 +65,4 @@ def atomic_write(path: str, write: Callable[[IO[bytes]], None]) -> None:
         except FileNotFoundError:
             pass
         raise
-    dfd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(dfd)  # the rename itself reaches the disk
-    finally:
-        os.close(dfd)
+    _fsync_dir(folder)

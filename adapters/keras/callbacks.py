@@ -3,6 +3,8 @@ import horovod.tensorflow as _hvd
 import keras
 import numpy as np
 
+from hvdp.checkpoint import atomic_save
+
 from .functions import broadcast_variables
 
 
@@ -132,8 +134,18 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
 
 
 class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
-    """``keras.callbacks.ModelCheckpoint`` that writes on rank 0 only (others would race it)."""
+    """``keras.callbacks.ModelCheckpoint`` that writes on rank 0 only (others would race it),
+    atomically: to a temporary file, fsynced, then renamed, so a kill mid-write leaves the
+    previous checkpoint whole."""
 
     def _save_model(self, *args, **kwargs):
-        if _hvd.rank() == 0:
+        if _hvd.rank() != 0:
+            return
+        model = self.model
+        saver, weights_saver = model.save, model.save_weights
+        model.save = lambda path, *a, **k: atomic_save(path, lambda tmp: saver(tmp, *a, **k))
+        model.save_weights = lambda path, *a, **k: atomic_save(path, lambda tmp: weights_saver(tmp, *a, **k))
+        try:
             return super()._save_model(*args, **kwargs)
+        finally:
+            del model.save, model.save_weights  # back to the class's methods

@@ -9,7 +9,8 @@ from conftest import CONTROLLERS, ROOT, WORKERS, checks_passed, horovodrun
 
 pytestmark = pytest.mark.parallel
 
-CHECKS = ["fit_equal", "fit_bpps", "broadcast", "metric_average", "warmup", "codecs", "mixed_precision"]
+CHECKS = ["fit_equal", "fit_bpps", "broadcast", "metric_average", "warmup", "codecs", "mixed_precision",
+          "checkpoint"]
 
 
 @functools.lru_cache(maxsize=None)

@@ -69,3 +69,19 @@ def test_plain_write_would_tear(tmp_path):
     write(path, "naive", 2, kill_half_way=True)
     with pytest.raises(ValueError, match="torn"):
         load(path)
+
+
+def test_atomic_save_keeps_the_old_file_when_the_writer_fails(tmp_path):
+    from hvdp.checkpoint import atomic_save
+    path = str(tmp_path / "model.keras")
+    atomic_save(path, lambda tmp: open(tmp, "w").write("v1"))
+    assert open(path).read() == "v1"
+
+    def broken(tmp):
+        assert tmp.endswith("model.keras")  # writers that check the suffix still see it
+        open(tmp, "w").write("v2-partial")
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        atomic_save(path, broken)
+    assert open(path).read() == "v1" and os.listdir(tmp_path) == ["model.keras"]

@@ -162,6 +162,24 @@ def check_mixed_precision():
         keras.mixed_precision.set_global_policy("float32")
 
 
+def check_checkpoint_callback():
+    import os
+    import tempfile
+    folder = hvd.broadcast_object(tempfile.mkdtemp() if hvd.rank() == 0 else None, name="kck.dir")
+    path = os.path.join(folder, "model.keras")
+    x, y = data(32)
+    model = make_model()
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.01)), loss=LOSS)
+    model.fit(x, y, batch_size=16, epochs=2, verbose=0,
+              callbacks=[hvd.callbacks.ModelCheckpoint(path)])
+    hvd.allreduce(np.zeros(1), name="kck.barrier")
+    if hvd.rank() == 0:
+        assert os.listdir(folder) == ["model.keras"], os.listdir(folder)  # no temporary left
+        restored = keras.models.load_model(path, compile=False)
+        for a, b in zip(restored.get_weights(), model.get_weights()):
+            np.testing.assert_array_equal(a, b)
+
+
 CHECKS = {
     "fit_equal": check_fit_equals_one_worker,
     "fit_bpps": lambda: check_fit_equals_one_worker(passes=2),
@@ -170,6 +188,7 @@ CHECKS = {
     "warmup": check_warmup_curve,
     "codecs": check_codecs,
     "mixed_precision": check_mixed_precision,
+    "checkpoint": check_checkpoint_callback,
 }
 
 if __name__ == "__main__":
