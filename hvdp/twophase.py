@@ -53,6 +53,8 @@ class _Pending:
     chunk: int
     handle: Any
     phase: int = 1
+    own: Any = None        # this rank's own chunk as decoded for the residual: reused, not decoded again
+    own_final: Any = None  # likewise for the reduced chunk this rank owns
 
 
 class TwoPhaseReducer:
@@ -97,30 +99,34 @@ class TwoPhaseReducer:
         return self.ops.where(self.ops.isfinite(r), r, 0.0)
 
     def _encode_with_feedback(self, x, store, name):
-        """Encode x (+ the residual kept under ``name``); keep the new residual."""
+        """Encode x (+ the residual kept under ``name``); keep the new residual.
+        Returns the payload and, with error feedback, its decoded value (else None)."""
         if not self.error_feedback:
-            return self.codec.encode(self.ops, x)
+            return self.codec.encode(self.ops, x), None
         ops, c = self.ops, self.codec
         prev = store.get(name)
         if prev is not None and ops.size(prev) == ops.size(x):
             x = x + prev
         payload = c.encode(ops, x)
+        decoded = c.decode(ops, payload, ops.size(x))
         # a non-finite element must not poison every later step through the residual
-        store.set(name, self._finite_or_zero(x - c.decode(ops, payload, ops.size(x))))
-        return payload
+        store.set(name, self._finite_or_zero(x - decoded))
+        return payload, decoded
 
     def start(self, name: str, flat: Array) -> _Pending:
         ops, p = self.ops, self.comm.size
         n = ops.size(flat)
         c = chunk_length(n, p, self.codec.align)
         x = flat if c * p == n else ops.cat([flat, ops.zeros(c * p - n, "float32", like=flat)])
+        own = None
         if self.error_feedback:
             prev = self.worker.get(name)
             if prev is not None and ops.size(prev) == c * p:
                 x = x + prev
             payloads = [self.codec.encode(ops, x[i * c:(i + 1) * c]) for i in range(p)]
-            decoded = ops.cat([self.codec.decode(ops, pl, c) for pl in payloads])
-            self.worker.set(name, self._finite_or_zero(x - decoded))
+            parts = [self.codec.decode(ops, pl, c) for pl in payloads]
+            own = parts[self.comm.rank]
+            self.worker.set(name, self._finite_or_zero(x - ops.cat(parts)))
         else:
             payloads = [self.codec.encode(ops, x[i * c:(i + 1) * c]) for i in range(p)]
         send = ops.cat(payloads)
@@ -129,19 +135,21 @@ class TwoPhaseReducer:
             nb = self.codec.payload_nbytes(c)
             self.stats.record(self.codec.name, n, handed=2 * p * nb, sent=two_phase_bytes(nb, p),
                               fp32=ring_allreduce_bytes(4 * n, p))
-        return _Pending(name, n, c, handle)
+        return _Pending(name, n, c, handle, own=own)
 
     def exchange(self, pend: _Pending) -> None:
         ops, p, c = self.ops, self.comm.size, pend.chunk
         recv = self.comm.wait(pend.handle) if p > 1 else pend.handle
         nb = self.codec.payload_nbytes(c)
-        acc = self.codec.decode(ops, recv[0:nb], c)
-        for j in range(1, p):  # fixed order: the owner's sum is deterministic
-            acc = acc + self.codec.decode(ops, recv[j * nb:(j + 1) * nb], c)
+        acc = None
+        for j in range(p):  # fixed order: the owner's sum is deterministic
+            part = pend.own if (j == self.comm.rank and pend.own is not None) else \
+                self.codec.decode(ops, recv[j * nb:(j + 1) * nb], c)
+            acc = part if acc is None else acc + part
         scale = self.postscale / p if self.op == AVERAGE else self.postscale
         if scale != 1.0:
             acc = acc * scale
-        payload = self._encode_with_feedback(acc, self.server, pend.name)
+        payload, pend.own_final = self._encode_with_feedback(acc, self.server, pend.name)
         pend.handle = self.comm.allgather_async(payload, f"hvdp.ag.{pend.name}") if p > 1 else payload
         pend.phase = 2
 
@@ -151,7 +159,8 @@ class TwoPhaseReducer:
         ops, p, c = self.ops, self.comm.size, pend.chunk
         got = self.comm.wait(pend.handle) if p > 1 else pend.handle
         nb = self.codec.payload_nbytes(c)
-        out = ops.cat([self.codec.decode(ops, got[j * nb:(j + 1) * nb], c) for j in range(p)])
+        out = ops.cat([pend.own_final if (j == self.comm.rank and pend.own_final is not None)
+                       else self.codec.decode(ops, got[j * nb:(j + 1) * nb], c) for j in range(p)])
         return out[:pend.n]
 
     # --- state ------------------------------------------------------------------------------
