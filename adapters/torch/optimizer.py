@@ -175,9 +175,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         ps_kw = dict(op=op, prescale_factor=pre, postscale_factor=post, process_set=self._comm.process_set)
         if len(ps) > 1:
             hs = _hvd.grouped_allreduce_async_(tensors, name=f"hvdp.group.{self._name[ps[0]]}", **ps_kw)
-            return [((hs, i, t), ctx) for i, (t, ctx) in enumerate(zip(tensors, out))]
-        return [((_hvd.allreduce_async_(tensors[0], name=self._name[ps[0]], **ps_kw), None, tensors[0]),
-                 out[0])]
+            return [((hs, t), ctx) for t, ctx in zip(tensors, out)]
+        return [((_hvd.allreduce_async_(tensors[0], name=self._name[ps[0]], **ps_kw), tensors[0]), out[0])]
 
     def _start_bucket(self, b):
         for i in self._plan.buckets[b]:
@@ -223,17 +222,15 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 self._start_bucket(b)
         for pend in self._bucket_pending.values():
             self._reducer.exchange(pend)
-        done_groups = {}
+        waited = set()  # a grouped allreduce has one handle for all its tensors
         for p, (h, ctx) in self._handles.items():
             if ctx == "sparse":  # Horovod's sparse allreduce hands back a function to call
                 p.grad = h() if callable(h) else _hvd.synchronize(h)
                 continue
-            handle, i, t = h
-            if i is None:
+            handle, t = h
+            if id(handle) not in waited:
+                waited.add(id(handle))
                 _hvd.synchronize(handle)
-            else:
-                if id(handle) not in done_groups:
-                    done_groups[id(handle)] = _hvd.synchronize(handle)
             if self._hvd_compressor is not None:
                 p.grad.copy_(self._hvd_compressor.decompress(t, ctx))
             elif t is not p.grad:
