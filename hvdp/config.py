@@ -5,6 +5,8 @@ HVDP_FUSION_THRESHOLD = "HVDP_FUSION_THRESHOLD"          # bytes per compressed 
 HVDP_MIN_COMPRESS_ELEMENTS = "HVDP_MIN_COMPRESS_ELEMENTS"  # smaller tensors stay uncompressed
 HVDP_CACHE_DIR = "HVDP_CACHE_DIR"                        # set-up cache (scripts/setup.sh)
 HVDP_COMPILE_CODECS = "HVDP_COMPILE_CODECS"              # 1: torch.compile the codecs (torch)
+HVDP_CHECK_AGREEMENT = "HVDP_CHECK_AGREEMENT"            # 0: skip the ranks-agree check (agreement.py)
+HVDP_FAILURE_BOARD = "HVDP_FAILURE_BOARD"                # 0: no failure reports between ranks (failures.py)
 
 
 def env_int(name: str, default: int) -> int:

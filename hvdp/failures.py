@@ -1,0 +1,248 @@
+"""When one rank fails, the others say which rank and what it raised.
+
+Horovod tells the survivors only "Horovod has been shut down": the failing rank's exception is
+in its own log, which on a cluster may be on another host. So the failing rank leaves a short
+report on a *board* before Horovod shuts down (its exception hook runs before the interpreter's
+exit handlers, and Horovod's shutdown is one of those), and a survivor whose collective failed
+reads the board and names the cause.
+
+Boards: with Gloo, the key-value store horovodrun already serves to every worker for its
+rendezvous (any host); otherwise a directory in the temporary directory, named after the MPI
+job, which only ranks on the same host share. No board, or a rank killed without a chance to
+write (SIGKILL, OOM killer), or a stall shutdown: the survivor says that nobody reported.
+``HVDP_FAILURE_BOARD=0`` turns the reports off.
+
+Example::
+
+    reporter = FailureReporter(get_rank=hvd.rank)
+    reporter.install()                      # uncaught errors are reported, survivors explain
+    try:
+        reduce()
+    except Exception as e:
+        raise reporter.explained(e) from e  # same type, with "rank 1 failed first: ..." added
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+import sys
+import tempfile
+import time
+import traceback
+import urllib.request
+from typing import Callable, Dict, List, Mapping, Optional
+
+from .config import HVDP_FAILURE_BOARD
+
+SHUTDOWN_TEXT = "Horovod has been shut down"
+MAX_TEXT = 600          # characters of the failing exception kept in a report
+MAX_AGE_S = 300         # an older report is from an earlier, recovered failure (elastic)
+KV_SCOPE = "hvdp_failures"
+
+
+class KVBoard:
+    """horovodrun's rendezvous HTTP store (Gloo): one key holds the latest report."""
+
+    def __init__(self, addr: str, port: int, timeout: float = 2.0):
+        self.url = f"http://{addr}:{port}/{KV_SCOPE}/latest"
+        self.timeout = timeout
+
+    def post(self, rank: int, data: bytes) -> None:
+        req = urllib.request.Request(self.url, data=data, method="PUT")
+        urllib.request.urlopen(req, timeout=self.timeout).close()
+
+    def read(self) -> List[bytes]:
+        try:
+            with urllib.request.urlopen(self.url, timeout=self.timeout) as r:
+                return [r.read()]
+        except urllib.error.HTTPError as e:  # 404: nobody reported
+            if e.code == 404:
+                return []
+            raise
+
+
+class DirBoard:
+    """A directory: one file per reporting rank (ranks on one host, any controller)."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def post(self, rank: int, data: bytes) -> None:
+        os.makedirs(self.path, exist_ok=True)
+        tmp = os.path.join(self.path, f".rank-{rank}.{os.getpid()}")
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, os.path.join(self.path, f"rank-{rank}.json"))
+
+    def read(self) -> List[bytes]:
+        try:
+            names = sorted(n for n in os.listdir(self.path) if n.startswith("rank-"))
+        except FileNotFoundError:
+            return []
+        out = []
+        for n in names:
+            with open(os.path.join(self.path, n), "rb") as f:
+                out.append(f.read())
+        return out
+
+
+# Open MPI names each job in the environment it gives its processes; one of these is enough.
+_MPI_JOB_VARS = ("PMIX_NAMESPACE", "OMPI_MCA_orte_hnp_uri", "OMPI_MCA_ess_base_jobid", "PMI_JOBID")
+
+
+def board_from_env(environ: Optional[Mapping[str, str]] = None):
+    """The board this job's ranks share, or None (turned off, or no job identity found)."""
+    env = os.environ if environ is None else environ
+    if env.get(HVDP_FAILURE_BOARD, "1").strip().lower() in ("0", "false", "no", "off"):
+        return None
+    addr, port = env.get("HOROVOD_GLOO_RENDEZVOUS_ADDR"), env.get("HOROVOD_GLOO_RENDEZVOUS_PORT")
+    if addr and port:
+        return KVBoard(addr, int(port))
+    job = next((env[v] for v in _MPI_JOB_VARS if env.get(v)), None)
+    if job is None:
+        return None
+    key = hashlib.sha1(job.encode()).hexdigest()[:16]
+    return DirBoard(os.path.join(tempfile.gettempdir(), f"hvdp-failures-{key}"))
+
+
+def is_consequence(exc: BaseException) -> bool:
+    """An error that only says another rank went away (Horovod's shut-down), not a cause."""
+    return type(exc).__name__ == "HorovodInternalError" or SHUTDOWN_TEXT in str(exc)
+
+
+def make_report(rank: int, exc: BaseException, where: str, now: Optional[float] = None) -> bytes:
+    text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+    if len(text) > MAX_TEXT:
+        text = text[:MAX_TEXT] + " ..."
+    return json.dumps({"rank": rank, "host": socket.gethostname(), "error": text, "where": where,
+                       "time": time.time() if now is None else now}).encode()
+
+
+def parse_reports(blobs: List[bytes], exclude_rank: int, now: Optional[float] = None) -> List[dict]:
+    """Fresh reports of other ranks, earliest first; unreadable ones are skipped."""
+    now = time.time() if now is None else now
+    out = []
+    for b in blobs:
+        try:
+            r = json.loads(b)
+            if r["rank"] != exclude_rank and now - float(r["time"]) <= MAX_AGE_S:
+                out.append(r)
+        except (ValueError, KeyError, TypeError):
+            continue
+    return sorted(out, key=lambda r: r["time"])
+
+
+def explain(original: str, reports: List[dict], rank: Optional[int]) -> str:
+    """The survivor's message: the cause first, then what this rank saw."""
+    me = f"rank {rank}" if rank is not None else "this rank"
+    if reports:
+        first = reports[0]
+        lines = [f"hvdp: rank {first['rank']} (host {first['host']}) failed first, {first['where']}:",
+                 f"    {first['error']}"]
+        lines += [f"  then rank {r['rank']} (host {r['host']}): {r['error'].splitlines()[-1]}"
+                  for r in reports[1:3]]
+        lines.append(f"so Horovod shut down, and {me} saw: {original}")
+    else:
+        lines = [f"hvdp: {me} saw Horovod shut down, and no other rank reported an error: one exited "
+                 "without raising (e.g. it finished its loop early or never called step()), was "
+                 "killed (OOM killer, SIGKILL), runs on another host without a shared board (MPI), or "
+                 "Horovod's stall inspector stopped the job (its message is in rank 0's log). "
+                 f"Horovod said: {original}"]
+    return "\n".join(lines)
+
+
+class FailureReporter:
+    """Reports this rank's failures and explains the others'. One per process (see ``install``).
+
+    Args:
+        get_rank: this rank in the job (Horovod's global rank); read while Horovod is up.
+        board: where reports go; default from the environment (:func:`board_from_env`).
+        wait_s: how long a survivor looks for a report before saying none came. The failing
+            rank writes before it shuts Horovod down, so the report is normally there at once.
+    """
+
+    def __init__(self, get_rank: Callable[[], int], board=None, wait_s: float = 1.0):
+        # settings
+        self._get_rank, self._board, self.wait_s = get_rank, board, wait_s
+        # internal state
+        self._rank: Optional[int] = None
+        self._installed = False
+
+    @property
+    def board(self):
+        if self._board is None:
+            self._board = board_from_env() or False
+        return self._board or None
+
+    def rank(self) -> Optional[int]:
+        try:
+            self._rank = int(self._get_rank())
+        except Exception:  # Horovod already shut down: the rank read while it was up
+            pass
+        return self._rank
+
+    def report(self, exc: BaseException, where: str) -> None:
+        """Leave ``exc`` on the board (once per exception); never raises."""
+        if getattr(exc, "_hvdp_reported", False) or is_consequence(exc):
+            return
+        try:
+            exc._hvdp_reported = True
+        except Exception:
+            pass
+        rank, board = self.rank(), self.board
+        if board is None or rank is None:
+            return
+        try:
+            board.post(rank, make_report(rank, exc, where))
+        except Exception:  # the report is a courtesy: never hide the real error behind it
+            pass
+
+    def reports(self) -> List[dict]:
+        board, rank = self.board, self.rank()
+        if board is None:
+            return []
+        deadline = time.monotonic() + self.wait_s
+        while True:
+            try:
+                found = parse_reports(board.read(), exclude_rank=rank)
+            except Exception:
+                found = []
+            if found or time.monotonic() >= deadline:
+                return found
+            time.sleep(0.1)
+
+    def explained(self, exc: BaseException) -> BaseException:
+        """``exc`` itself for a cause (after reporting it); for Horovod's shut-down, an exception
+        of the same type whose message names the failed rank (elastic code catches by type)."""
+        if not is_consequence(exc):
+            self.report(exc, "in hvdp's gradient reduction")
+            return exc
+        if getattr(exc, "_hvdp_explained", False):
+            return exc
+        msg = explain(str(exc), self.reports(), self.rank())
+        try:
+            new = type(exc)(msg)
+        except Exception:
+            new = RuntimeError(msg)
+        new._hvdp_explained = True
+        return new
+
+    def install(self) -> None:
+        """Report uncaught errors; explain an uncaught Horovod shut-down. Idempotent."""
+        if self._installed:
+            return
+        self._installed = True
+        self.rank()
+        previous = sys.excepthook
+
+        def hook(tp, value, tb):
+            if value is not None and is_consequence(value) and not getattr(value, "_hvdp_explained", False):
+                print(explain(str(value).splitlines()[0][:300], self.reports(), self._rank),
+                      file=sys.stderr, flush=True)
+            elif value is not None:
+                self.report(value, "uncaught in the training script")
+            previous(tp, value, tb)
+
+        sys.excepthook = hook

@@ -1,0 +1,134 @@
+"""Failure reports between ranks (hvdp.failures), with a directory board and a fake KV store."""
+import http.server
+import sys
+import threading
+
+import pytest
+
+from hvdp import failures
+from hvdp.failures import DirBoard, FailureReporter, KVBoard, board_from_env, explain
+
+
+class HorovodInternalError(RuntimeError):
+    """Same name as Horovod's: the reporter recognises it by name, without importing Horovod."""
+
+
+SHUT = "Horovod has been shut down. This was caused by an exception on one of the ranks"
+
+
+def test_cause_is_reported_and_survivor_names_it(tmp_path):
+    board = DirBoard(str(tmp_path / "b"))
+    failing, survivor = FailureReporter(lambda: 1, board), FailureReporter(lambda: 0, board, wait_s=0)
+    cause = ValueError("shape mismatch in layer 3")
+    assert failing.explained(cause) is cause            # a cause stays itself, but is reported
+    new = survivor.explained(HorovodInternalError(SHUT))
+    assert type(new) is HorovodInternalError            # elastic code catches by type
+    msg = str(new)
+    assert msg.startswith("hvdp: rank 1 (host ")
+    assert "in hvdp's gradient reduction" in msg and "ValueError: shape mismatch in layer 3" in msg
+    assert msg.rstrip().endswith(SHUT)
+    assert survivor.explained(new) is new                # explained once
+
+
+def test_a_rank_does_not_explain_with_its_own_report_and_nobody_reported(tmp_path):
+    board = DirBoard(str(tmp_path / "b"))
+    me = FailureReporter(lambda: 0, board, wait_s=0)
+    me.report(ValueError("mine"), "x")
+    msg = str(me.explained(RuntimeError(SHUT)))
+    assert "no other rank reported an error" in msg and "stall inspector" in msg
+
+
+def test_consequences_are_never_reported_and_once_only(tmp_path):
+    board = DirBoard(str(tmp_path / "b"))
+    r = FailureReporter(lambda: 2, board)
+    r.report(HorovodInternalError("x"), "x")
+    r.report(RuntimeError(SHUT), "x")
+    assert board.read() == []
+    e = KeyError("k")
+    r.report(e, "first")
+    r.report(e, "second")
+    (only,) = failures.parse_reports(board.read(), exclude_rank=0)
+    assert only["where"] == "first" and only["rank"] == 2
+
+
+def test_stale_reports_are_ignored():
+    old = failures.make_report(1, ValueError("old"), "x", now=0.0)
+    assert failures.parse_reports([old, b"not json"], exclude_rank=0, now=failures.MAX_AGE_S + 1) == []
+
+
+def test_rank_is_remembered_after_horovod_is_gone(tmp_path):
+    state = {"up": True}
+
+    def rank():
+        if not state["up"]:
+            raise ValueError("Horovod has not been initialized")
+        return 3
+
+    r = FailureReporter(rank, DirBoard(str(tmp_path)))
+    r.install()
+    state["up"] = False
+    assert r.rank() == 3
+
+
+def test_excepthook_reports_causes_and_explains_shutdowns(tmp_path, monkeypatch, capsys):
+    board = DirBoard(str(tmp_path / "b"))
+    seen = []
+    monkeypatch.setattr(sys, "excepthook", lambda *a: seen.append(a[1]))
+    FailureReporter(lambda: 1, board).install()
+    e = ZeroDivisionError("boom")
+    sys.excepthook(type(e), e, None)
+    assert seen == [e]
+    monkeypatch.setattr(sys, "excepthook", lambda *a: seen.append(a[1]))
+    FailureReporter(lambda: 0, board, wait_s=0).install()
+    s = RuntimeError(SHUT)
+    sys.excepthook(type(s), s, None)
+    err = capsys.readouterr().err
+    assert "rank 1" in err and "ZeroDivisionError: boom" in err and seen[-1] is s
+
+
+class _Store(http.server.BaseHTTPRequestHandler):
+    """The two verbs of horovodrun's rendezvous store that the board uses."""
+    data = {}
+
+    def do_PUT(self):
+        self.data[self.path] = self.rfile.read(int(self.headers["Content-Length"]))
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def do_GET(self):
+        v = self.data.get(self.path)
+        self.send_response(404 if v is None else 200)
+        self.send_header("Content-Length", str(len(v or b"")))
+        self.end_headers()
+        self.wfile.write(v or b"")
+
+    def log_message(self, *a):
+        pass
+
+
+@pytest.fixture
+def kv_store():
+    srv = http.server.HTTPServer(("127.0.0.1", 0), _Store)
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    yield srv.server_address
+    srv.shutdown()
+    _Store.data.clear()
+
+
+def test_kv_board_roundtrip_and_env_choice(kv_store, tmp_path):
+    addr, port = kv_store
+    env = {"HOROVOD_GLOO_RENDEZVOUS_ADDR": addr, "HOROVOD_GLOO_RENDEZVOUS_PORT": str(port)}
+    board = board_from_env(env)
+    assert isinstance(board, KVBoard) and board.read() == []
+    FailureReporter(lambda: 1, board).report(OSError("disk full"), "x")
+    assert "OSError: disk full" in str(FailureReporter(lambda: 0, board, wait_s=0).explained(RuntimeError(SHUT)))
+    mpi = board_from_env({"PMIX_NAMESPACE": "job-7"})
+    assert isinstance(mpi, DirBoard) and mpi.path == board_from_env({"PMIX_NAMESPACE": "job-7"}).path
+    assert board_from_env({"PMIX_NAMESPACE": "job-7", "HVDP_FAILURE_BOARD": "0"}) is None
+    assert board_from_env({}) is None
+
+
+def test_explain_without_rank():
+    assert explain("x", [], None).startswith("hvdp: this rank saw Horovod shut down")
