@@ -1,7 +1,7 @@
 # hvdp on GPU clusters: CUDA + cuDNN + NCCL, Open MPI, CUDA builds of torch and TensorFlow,
-# Horovod 0.28.1 with NCCL GPU operations built by scripts/build_horovod.sh (the recipe
-# `make setup` runs, with HVDP_GPU=1 and the toolkit found by scripts/gpu_env.sh, as
-# `make nccl-build` rehearses without a GPU), hvdp, and the sshd `horovodrun -H` needs
+# Horovod 0.28.1 with NCCL GPU operations built by `python -m hvdp install-horovod --gpu` (the one
+# recipe: `make setup` runs it too, and `make nccl-build` rehearses this build without a GPU),
+# hvdp, and the sshd `horovodrun -H` needs
 # (scripts/ssh_node.sh, the set-up tests/parallel/test_multihost.py runs).
 #
 #   docker build -t hvdp:gpu .
@@ -49,33 +49,28 @@ RUN python3 -m venv /opt/hvdp/tensorflow \
     && /opt/hvdp/tensorflow/bin/pip install "tensorflow[and-cuda]==${TF_VERSION}" \
         "keras==${KERAS_VERSION}" ${COMMON_PINS}
 
-# Horovod, once per environment, by the repository's own scripts. gpu_env.sh picks the toolkit
-# whose CUDA major matches the framework's and the NCCL wheel the framework itself loads.
-COPY scripts/build_horovod.sh scripts/gpu_env.sh /opt/hvdp/src/scripts/
-RUN for fw in torch tensorflow; do \
-        py=/opt/hvdp/$fw/bin/python \
-        && HVDP_FRAMEWORKS=$fw HVDP_GPU=1 bash /opt/hvdp/src/scripts/gpu_env.sh "$py" \
-            bash /opt/hvdp/src/scripts/build_horovod.sh "$py" "/tmp/horovod-$fw" \
-        && "$py" -m pip install --no-deps /tmp/horovod-$fw/horovod-*.whl \
-        && rm -rf "/tmp/horovod-$fw" || exit 1; \
-    done \
-    # TensorFlow does not load NCCL itself; Horovod's TF ops find its CUDA 12 NCCL here. torch
-    # processes are unaffected: torch loads its own NCCL (RUNPATH) before Horovod's library.
-    && nccl_lib=$(/opt/hvdp/tensorflow/bin/python -c 'import nvidia.nccl, os; print(os.path.join(nvidia.nccl.__path__[0], "lib"))') \
-    && test -e "$nccl_lib/libnccl.so.2" \
-    && echo "$nccl_lib" > /etc/ld.so.conf.d/hvdp-tensorflow-nccl.conf \
-    && ldconfig
-
-# hvdp itself (both environments), its examples, and the node's ssh entry point
+# hvdp itself (both environments), then Horovod, once per environment, by hvdp's installer: it
+# picks the toolkit whose CUDA major matches the framework's and the NCCL wheel the framework
+# itself loads (CUDA 13 for torch, the 12.9 packages above for TensorFlow).
 COPY setup.cfg pyproject.toml README.md /opt/hvdp/src/
 COPY hvdp /opt/hvdp/src/hvdp
 COPY adapters /opt/hvdp/src/adapters
 COPY examples /opt/hvdp/src/examples
 COPY scripts/ssh_node.sh /opt/hvdp/src/scripts/
 RUN for fw in torch tensorflow; do \
-        /opt/hvdp/$fw/bin/pip install --no-deps --no-build-isolation /opt/hvdp/src || exit 1; \
+        py=/opt/hvdp/$fw/bin/python \
+        && "$py" -m pip install --no-deps --no-build-isolation /opt/hvdp/src \
+        && (cd /tmp && "$py" -m hvdp install-horovod --gpu --no-check \
+                --cache-dir /tmp/hvdp-wheels) \
+        && rm -rf /tmp/hvdp-wheels || exit 1; \
     done \
-    && rm -rf /opt/hvdp/src/build /opt/hvdp/src/*.egg-info
+    && rm -rf /opt/hvdp/src/build /opt/hvdp/src/*.egg-info \
+    # TensorFlow does not load NCCL itself; Horovod's TF ops find its CUDA 12 NCCL here. torch
+    # processes are unaffected: torch loads its own NCCL (RUNPATH) before Horovod's library.
+    && nccl_lib=$(/opt/hvdp/tensorflow/bin/python -c 'import nvidia.nccl, os; print(os.path.join(nvidia.nccl.__path__[0], "lib"))') \
+    && test -e "$nccl_lib/libnccl.so.2" \
+    && echo "$nccl_lib" > /etc/ld.so.conf.d/hvdp-tensorflow-nccl.conf \
+    && ldconfig
 
 # A non-root user; ubuntu images ship "ubuntu" at uid 1000, which the usual uid needs back. The
 # cluster key mounted into ~/.ssh must be readable by HVDP_UID (build with the host's uid, or

@@ -43,28 +43,48 @@ bench: setup
 clean:
 	rm -rf $(VENV) build *.egg-info
 
-# --- Clusters (issue 7); neither target is part of `make test` ---------------------------------
-.PHONY: nccl-build rehearsal
+# --- Clusters and other environments; none of these targets is part of `make test` ---------------
+.PHONY: nccl-build gpu-check compat rehearsal
 HVDP_CACHE  := $(or $(HVDP_CACHE_DIR),$(HOME)/.cache/hvdp)
 # The project's torch pin by default (the GPU image's); "===" takes its CUDA build from PyPI
 # even where a local "+cpu" build of the same version is on offer.
 NCCL_TORCH  ?= $(shell sed -n 's/^torch==\([^ ]*\).*/\1/p' requirements/deps.txt)
 NCCL_ENV    := $(HVDP_CACHE)/envs/nccl-torch$(NCCL_TORCH)
-NCCL_OUT    := $(HVDP_CACHE)/wheels/nccl-torch$(NCCL_TORCH)
 
 # The GPU image's Horovod build (NCCL ops) compiled and linked without a GPU: a separate venv
-# with a CUDA build of torch (the NCCL and CUDA runtime wheels come with it), the toolkit and
-# NCCL found by scripts/gpu_env.sh, then the same scripts/build_horovod.sh that `make setup` runs.
-# Ends by importing the wheel and asking it whether NCCL is built in.
+# with a CUDA build of torch (the NCCL and CUDA runtime wheels come with it), then the one recipe,
+# `python -m hvdp install-horovod --gpu` (it finds the toolkit and the NCCL wheel). Ends by
+# asking the installed Horovod whether NCCL is built in.
 nccl-build: setup
 	@test -x $(NCCL_ENV)/bin/python || python3 -m venv $(NCCL_ENV)
 	$(NCCL_ENV)/bin/pip install --quiet "setuptools<81" wheel packaging cloudpickle psutil pyyaml \
 	    cffi numpy "torch===$(NCCL_TORCH)" 2>&1 | { grep -v '^WARNING: Location' || true; }
-	rm -rf $(NCCL_OUT) && HVDP_FRAMEWORKS=torch HVDP_GPU=1 timeout 5400 \
-	    bash scripts/gpu_env.sh $(NCCL_ENV)/bin/python scripts/build_horovod.sh $(NCCL_ENV)/bin/python $(NCCL_OUT)
-	$(NCCL_ENV)/bin/pip install --quiet --no-deps --force-reinstall $(NCCL_OUT)/horovod-*.whl
+	PYTHONPATH=$(CURDIR) timeout 5400 $(NCCL_ENV)/bin/python -m hvdp install-horovod --gpu \
+	    --cache-dir $(HVDP_CACHE)/wheels
 	cd /tmp && $(NCCL_ENV)/bin/python -c 'import horovod.torch as h; assert h.nccl_built(), "no NCCL"; \
 	    print("nccl-build OK: horovod.torch nccl_built() =", h.nccl_built(), "cuda_built() =", h.cuda_built())'
+
+# On a GPU machine, in its own environment (GPU_PYTHON: the interpreter whose CUDA torch to use):
+# hvdp installed there, Horovod built for that torch with NCCL, then examples/gpu_check.py.
+GPU_PYTHON ?= python3
+gpu-check:
+	$(GPU_PYTHON) -m pip install --quiet --no-deps --no-build-isolation $(CURDIR)
+	cd /tmp && $(GPU_PYTHON) -m hvdp install-horovod --gpu --cache-dir $(HVDP_CACHE)/wheels
+	cd /tmp && $(GPU_PYTHON) $(CURDIR)/examples/gpu_check.py
+
+# Horovod and hvdp's torch checks against a newer torch than the pin: a fresh venv with
+# COMPAT_TORCH (2.14.1: a CUDA 13 build that runs on CPU), Horovod from install-horovod --cpu
+# (C++20 for torch >= 2.14), then the torch parallel checks over Gloo and MPI in that venv.
+COMPAT_TORCH ?= 2.14.1
+COMPAT_ENV   := $(HVDP_CACHE)/envs/compat-torch$(COMPAT_TORCH)
+compat: setup
+	@test -x $(COMPAT_ENV)/bin/python || python3 -m venv $(COMPAT_ENV)
+	$(COMPAT_ENV)/bin/pip install --quiet "torch==$(COMPAT_TORCH)" numpy pytest pytest-timeout \
+	    2>&1 | { grep -v '^WARNING: Location' || true; }
+	$(COMPAT_ENV)/bin/pip install --quiet --no-deps --no-build-isolation $(CURDIR)
+	cd /tmp && timeout 3600 $(COMPAT_ENV)/bin/python -m hvdp install-horovod --cpu \
+	    --cache-dir $(HVDP_CACHE)/wheels
+	$(COMPAT_ENV)/bin/python -m pytest -q -p no:cacheprovider tests/parallel/test_torch_parallel.py
 
 # Multi-host launch over real SSH between two loopback host names (root: sshd, /etc/hosts).
 # openssh-server is installed here rather than by `make setup`: on a machine with an init

@@ -1,4 +1,5 @@
-"""``python -m hvdp doctor`` and ``python -m hvdp run`` (horovodrun with elastic checks)."""
+"""``python -m hvdp doctor``, ``python -m hvdp install-horovod`` and ``python -m hvdp run``
+(horovodrun with elastic checks)."""
 import sys
 
 
@@ -7,10 +8,13 @@ def main(argv=None) -> int:
     if argv[:1] == ["doctor"]:
         from .doctor import main as doctor
         return doctor(argv[1:])
+    if argv[:1] == ["install-horovod"]:
+        from .install import main as install
+        return install(argv[1:])
     if argv[:1] == ["run"]:
         from .launch import main as run
         return run(argv[1:])
-    print("usage: python -m hvdp doctor | python -m hvdp run <horovodrun arguments>", file=sys.stderr)
+    print("usage: python -m hvdp doctor | install-horovod [--help] | run <horovodrun arguments>", file=sys.stderr)
     return 2
 
 

@@ -84,6 +84,19 @@ def _horovod_libs(horovod_file: str) -> dict:
     return libs
 
 
+def _built_against(horovod_file: str) -> dict:
+    """The framework versions Horovod was compiled against (its own metadata.json)."""
+    try:
+        with open(os.path.join(os.path.dirname(horovod_file), "metadata.json")) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return {}
+
+
+_INSTALL = "run `python -m hvdp install-horovod` in this environment"
+_METADATA_NAME = {"torch": "pytorch", "tensorflow": "tensorflow"}
+
+
 def diagnose() -> dict:
     """Collect versions, build facts and pitfalls. Pure data; ``main`` prints it."""
     mpirun = shutil.which("mpirun")
@@ -102,25 +115,28 @@ def diagnose() -> dict:
     }
     pit = report["pitfalls"]
     if not report["versions"]["horovod"]:
-        pit.append(("Horovod is not installed", "run `make setup` (scripts/setup.sh) to build it"))
+        pit.append(("Horovod is not installed", _INSTALL + " (it builds Horovod for the frameworks "
+                    "installed here; `make setup` does it for the development environment)"))
         report["usable"] = False
         return report
     probe = _run_probe(_PROBE)
     report["probe"] = probe
     if "error" in probe:
-        pit.append((f"importing horovod failed: {probe['error']}", "rebuild with `make setup`"))
+        pit.append((f"importing horovod failed: {probe['error']}", _INSTALL))
         report["usable"] = False
         return report
     frameworks = {fw: probe[fw] for fw in ("torch", "tensorflow") if fw in probe}
+    built = _built_against(probe["horovod_file"])
+    report["built_against"] = {fw: built[_METADATA_NAME[fw]] for fw in frameworks if _METADATA_NAME[fw] in built}
     for fw, info in frameworks.items():
-        if not info["ok"] and report["versions"][fw]:
-            err = info["error"]
-            fix = ("Horovod was built against another version of " + fw + "; rebuild it for the "
-                   "installed one: `make setup` (the wheel cache is keyed by versions)"
-                   if "undefined symbol" in err or "version" in err.lower() else
-                   "rebuild Horovod with this framework installed (HOROVOD_WITH_" +
-                   ("PYTORCH" if fw == "torch" else "TENSORFLOW") + "=1): `make setup`")
-            pit.append((f"horovod.{fw} does not load: {err[:200]}", fix))
+        have = report["versions"][fw]
+        was = report["built_against"].get(fw)
+        if have and was and was.split("+")[0] != have.split("+")[0]:
+            pit.append((f"Horovod was built against {fw} {was}, but {fw} {have} is installed now",
+                        f"rebuild it for the installed {fw}: " + _INSTALL + " (cached by version)"))
+        elif not info["ok"] and have:
+            pit.append((f"horovod.{fw} does not load: {info['error'][:200]}",
+                        _INSTALL + (" (Horovod was built without " + fw + ")" if not was else "")))
     libs = _horovod_libs(probe["horovod_file"])
     hvd_mpi = {_libmpi(p) for p in libs.values()} - {None}
     if report["versions"]["mpi4py"]:
@@ -146,7 +162,7 @@ def diagnose() -> dict:
     report["frameworks"] = {fw: frameworks[fw] for fw in ok}
     report["usable"] = bool(ok) and any(frameworks[f]["mpi"] or frameworks[f]["gloo"] for f in ok)
     if not report["usable"]:
-        pit.append(("no framework has a working Horovod with MPI or Gloo", "rebuild with `make setup`"))
+        pit.append(("no framework has a working Horovod with MPI or Gloo", _INSTALL))
     return report
 
 
@@ -161,7 +177,8 @@ def main(argv=None) -> int:
         ctl = [c for c in ("mpi", "gloo") if info[c]]
         ops = [o for o in ("nccl", "ddl", "ccl") if info[o]] + [c for c in ("mpi", "gloo") if info[c]]
         print(f"framework {name:<10} controllers: {', '.join(c.upper() if c == 'mpi' else c.capitalize() for c in ctl)}"
-              f"   tensor ops: {', '.join(o.upper() if o != 'gloo' else 'Gloo' for o in ops)}")
+              f"   tensor ops: {', '.join(o.upper() if o != 'gloo' else 'Gloo' for o in ops)}"
+              + (f"   built against {fw} {r['built_against'][fw]}" if fw in r.get("built_against", {}) else ""))
     if "mpi4py" in r and "library" in r["mpi4py"]:
         print(f"mpi4py MPI  {r['mpi4py']['library']}")
     for note in r.get("notes", []):

@@ -3,8 +3,9 @@
 # all start here. Steps (each skipped when already done):
 #   1. Debian packages: Open MPI (dev + runtime), cmake, g++ (installed when root, else listed).
 #   2. A dependency environment in the cache, keyed by every version it holds: the pins of
-#      requirements/deps.txt and a Horovod wheel built by scripts/build_horovod.sh, itself cached
-#      by the versions it was built against (Horovod, torch, TF, Python, MPI, the build script).
+#      requirements/deps.txt and Horovod from `python -m hvdp install-horovod` (the recipe users
+#      run in their own environments), whose wheel is cached by the versions it was built
+#      against (Horovod, torch, TF, Python, MPI, the recipe).
 #   3. The clone's own light .venv: it sees the cached environment through a .pth file and holds
 #      only hvdp itself (editable). A fresh clone on a warm cache is ready in seconds.
 # Environment: HVDP_CACHE_DIR (default ~/.cache/hvdp), HVDP_PYTHON (default python3).
@@ -39,12 +40,10 @@ fi
 pin() { sed -n "s/^$1==\([^ ]*\).*/\1/p" "$ROOT/requirements/deps.txt"; }
 PYVER=$("$PYTHON" -c 'import sys; print("%d.%d.%d" % sys.version_info[:3])')
 MPIVER=$(mpirun --version 2>/dev/null | head -1 | sed 's/.*) *//')
-HVD_VER=${HOROVOD_VERSION:-0.28.1}
-BUILD_SHA=$(sha256sum "$ROOT/scripts/build_horovod.sh" | cut -c1-8)
-HVD_KEY="horovod$HVD_VER-torch$(pin torch)-tf$(pin tensorflow-cpu)-py$PYVER-ompi$MPIVER-$BUILD_SHA"
-ENV_KEY=$(printf '%s\n' "$HVD_KEY" "$(cat "$ROOT/requirements/deps.txt")" | sha256sum | cut -c1-12)
+RECIPE_SHA=$(cat "$ROOT"/hvdp/install/recipe.py | sha256sum | cut -c1-8)
+ENV_KEY=$(printf '%s\n' "py$PYVER-ompi$MPIVER-$RECIPE_SHA" "$(cat "$ROOT/requirements/deps.txt")" \
+          | sha256sum | cut -c1-12)
 ENV_DIR=$CACHE/envs/$ENV_KEY
-WHEEL_DIR=$CACHE/wheels/$HVD_KEY
 mkdir -p "$CACHE/envs" "$CACHE/wheels"
 
 exec 9>"$CACHE/.lock"
@@ -55,20 +54,10 @@ if [[ ! -f "$ENV_DIR/.complete" ]]; then
     "$PYTHON" -m venv "$ENV_DIR"
     quiet "$ENV_DIR/bin/pip" install --quiet --upgrade "setuptools<81" wheel
     quiet "$ENV_DIR/bin/pip" install --quiet -r "$ROOT/requirements/deps.txt"
-    say "dependencies installed"
-    if ! ls "$WHEEL_DIR"/horovod-*.whl >/dev/null 2>&1; then
-        say "building Horovod $HVD_VER (cache miss: $HVD_KEY); takes a few minutes"
-        tmp=$(mktemp -d "$CACHE/wheels/.build.XXXXXX")
-        "$ROOT/scripts/build_horovod.sh" "$ENV_DIR/bin/python" "$tmp" > "$tmp.log" 2>&1 \
-            || { tail -40 "$tmp.log" >&2; echo "hvdp setup: Horovod build failed, log: $tmp.log" >&2; exit 1; }
-        rm -rf "$WHEEL_DIR" && mv "$tmp" "$WHEEL_DIR" && rm -f "$tmp.log"
-        say "Horovod wheel cached in $WHEEL_DIR"
-    else
-        say "Horovod wheel from cache: $WHEEL_DIR"
-    fi
-    quiet "$ENV_DIR/bin/pip" install --quiet --no-deps "$WHEEL_DIR"/horovod-*.whl
-    "$ENV_DIR/bin/horovodrun" --check-build 2>/dev/null | grep -q "\[X\] PyTorch" \
-        || { echo "hvdp setup: Horovod installed but PyTorch support missing" >&2; exit 1; }
+    say "dependencies installed; Horovod (cached wheel, or a build of a few minutes):"
+    # hvdp is not installed in the dependency environment: run its installer from this clone
+    PYTHONPATH=$ROOT "$ENV_DIR/bin/python" -m hvdp install-horovod --cache-dir "$CACHE/wheels" \
+        || { echo "hvdp setup: python -m hvdp install-horovod failed (above)" >&2; exit 1; }
     touch "$ENV_DIR/.complete"
 fi
 flock -u 9

@@ -21,14 +21,19 @@ if _keras.backend.backend() != "tensorflow":
                       "is active: set KERAS_BACKEND=tensorflow (for the torch backend use hvdp.torch's "
                       "collectives)")
 
-from horovod.tensorflow import (Adasum, Average, ProcessSet, Sum, add_process_set,  # noqa: E402,F401
-                                allgather, allgather_object, allreduce, alltoall, broadcast,
-                                broadcast_object, ccl_built, cross_rank, cross_size, cuda_built,
-                                ddl_built, global_process_set, gloo_built, gloo_enabled, grouped_allreduce,
-                                init, is_homogeneous, is_initialized, join, local_rank, local_size,
-                                mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, rank,
-                                remove_process_set, rocm_built, shutdown, size, start_timeline,
-                                stop_timeline)
+from hvdp.install.recipe import horovod_import_error as _horovod_import_error  # noqa: E402
+
+try:
+    from horovod.tensorflow import (Adasum, Average, ProcessSet, Sum, add_process_set,  # noqa: F401
+                                    allgather, allgather_object, allreduce, alltoall, broadcast,
+                                    broadcast_object, ccl_built, cross_rank, cross_size, cuda_built,
+                                    ddl_built, global_process_set, gloo_built, gloo_enabled,
+                                    grouped_allreduce, init, is_homogeneous, is_initialized, join,
+                                    local_rank, local_size, mpi_built, mpi_enabled,
+                                    mpi_threads_supported, nccl_built, rank, remove_process_set,
+                                    rocm_built, shutdown, size, start_timeline, stop_timeline)
+except ImportError as _e:
+    raise _horovod_import_error("hvdp.keras", _e) from _e
 
 from hvdp import __version__  # noqa: E402,F401
 from hvdp.plan import CompressionPolicy  # noqa: E402,F401

@@ -17,10 +17,12 @@ def test_dockerfile_passes_hadolint():
     assert r.returncode == 0, f"hadolint Dockerfile:\n{r.stdout}{r.stderr}"
 
 
-def test_dockerfile_builds_horovod_with_the_repository_script():
-    # one recipe: the image's Horovod comes from the scripts `make setup` / `make nccl-build` run
+def test_dockerfile_builds_horovod_with_the_one_recipe():
+    # one recipe: the image's Horovod comes from the installer `make setup` / `make nccl-build` run
     with open(os.path.join(ROOT, "Dockerfile")) as f:
         text = f.read()
-    assert "scripts/build_horovod.sh" in text and "scripts/gpu_env.sh" in text
-    assert "HVDP_GPU=1" in text
+    assert "-m hvdp install-horovod --gpu" in text
+    for path in ("Makefile", "scripts/setup.sh"):
+        with open(os.path.join(ROOT, path)) as f:
+            assert "-m hvdp install-horovod" in f.read(), path
     assert "\nUSER " in text and "\nUSER root" not in text

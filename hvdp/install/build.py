@@ -1,0 +1,176 @@
+"""Carrying out a :class:`~hvdp.install.recipe.BuildPlan`: the sdist, the patched build, the wheel
+cache, the installation and the checks afterwards."""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from typing import Callable, List, Optional
+
+from .cuda import gpu_env
+from .recipe import RUNTIME_REQUIREMENTS, BuildPlan, InstallError, apply_patch
+
+Say = Callable[[str], None]
+
+
+def default_cache() -> str:
+    base = os.environ.get("HVDP_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "hvdp")
+    return os.path.join(base, "wheels")
+
+
+# --- cache --------------------------------------------------------------------------------------
+def cached_wheel(cache: str, plan: BuildPlan) -> Optional[str]:
+    """A cached wheel that serves ``plan``: the exact key first, else one whose build covers it
+    (see :meth:`BuildPlan.covered_by`) from the same recipe."""
+    exact = glob.glob(os.path.join(cache, plan.key(), "horovod-*.whl"))
+    if exact:
+        return exact[0]
+    suffix = f"-r{plan.recipe_hash()}"
+    for meta in sorted(glob.glob(os.path.join(cache, f"horovod*{suffix}", "build.json"))):
+        with open(meta) as f:
+            built = json.load(f)
+        wheels = glob.glob(os.path.join(os.path.dirname(meta), "horovod-*.whl"))
+        if wheels and plan.covered_by(built):
+            return wheels[0]
+    return None
+
+
+def store(cache: str, plan: BuildPlan, wheel: str) -> str:
+    """Move a built wheel into the cache (atomically: a half-written entry is never found)."""
+    os.makedirs(cache, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=".store.", dir=cache)
+    shutil.copy2(wheel, tmp)
+    with open(os.path.join(tmp, "build.json"), "w") as f:
+        json.dump(dict(plan.describe(), key=plan.key(), reasons=list(plan.reasons)), f, indent=1)
+    dest = os.path.join(cache, plan.key())
+    shutil.rmtree(dest, ignore_errors=True)
+    os.rename(tmp, dest)
+    return os.path.join(dest, os.path.basename(wheel))
+
+
+# --- build --------------------------------------------------------------------------------------
+def _pip(python: str, *args: str, log=None) -> subprocess.CompletedProcess:
+    return subprocess.run([python, "-m", "pip", *args], stdout=log or subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True)
+
+
+def obtain_sdist(plan: BuildPlan, cache: str, given: Optional[str], say: Say) -> str:
+    """The Horovod sdist: ``given``, else the cache's copy, else downloaded from the index once."""
+    if given:
+        if not os.path.isfile(given):
+            raise InstallError(f"--sdist {given}: no such file")
+        return given
+    path = os.path.join(cache, "sdists", f"horovod-{plan.horovod}.tar.gz")
+    if not os.path.isfile(path):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = tempfile.mkdtemp(dir=os.path.dirname(path))
+        say(f"downloading the Horovod {plan.horovod} sdist")
+        r = _pip(sys.executable, "download", "--quiet", "--no-deps", "--no-binary", ":all:",
+                 f"horovod=={plan.horovod}", "-d", tmp)
+        got = glob.glob(os.path.join(tmp, "horovod-*.tar.gz"))
+        if r.returncode != 0 or not got:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise InstallError(f"could not download horovod=={plan.horovod} ({r.stdout.strip()[-300:]}); "
+                               "on a machine without a package index pass --sdist PATH")
+        os.replace(got[0], path)
+        shutil.rmtree(tmp, ignore_errors=True)
+    return path
+
+
+def ensure_build_requirements(python: str, plan: BuildPlan, say: Say) -> None:
+    """Horovod's setup.py needs setuptools and wheel (and cffi for torch) in the target
+    environment, since it is built without isolation (to see the installed frameworks)."""
+    mods = {"setuptools": "setuptools<81", "wheel": "wheel", "packaging": "packaging"}
+    if any(f.name == "torch" for f in plan.frameworks):
+        mods["cffi"] = "cffi>=1.4.0"
+    code = ("import importlib.util as u; print(' '.join(m for m in %r if u.find_spec(m) is None))"
+            % (list(mods),))
+    r = subprocess.run([python, "-c", code], capture_output=True, text=True)
+    missing = [mods[m] for m in r.stdout.split()]
+    if missing:
+        say(f"installing build requirements: {' '.join(missing)}")
+        r = _pip(python, "install", "--quiet", *missing)
+        if r.returncode != 0:
+            raise InstallError(f"pip could not install {' '.join(missing)}: {r.stdout.strip()[-300:]}")
+
+
+def build_wheel(plan: BuildPlan, sdist: str, out: str, jobs: int, log_path: str, say: Say) -> str:
+    """Unpack, patch, and build the wheel into ``out``; the compiler's output goes to ``log_path``."""
+    work = tempfile.mkdtemp(prefix="hvdp-horovod-")
+    try:
+        with tarfile.open(sdist) as tar:
+            tar.extractall(work)
+        src = glob.glob(os.path.join(work, "horovod-*"))[0]
+        for p in plan.patches():
+            path = os.path.join(src, p.path)
+            with open(path) as f:
+                text = apply_patch(f.read(), p)
+            with open(path, "w") as f:
+                f.write(text)
+        env = dict(os.environ, **plan.env(), MAKEFLAGS=f"-j{jobs}")
+        if plan.gpu:
+            env.update(gpu_env(sys.executable, plan.toolkit, os.path.join(work, "nccl-shim")))
+        say(f"building Horovod {plan.horovod} with {jobs} job(s); log: {log_path}")
+        with open(log_path, "w") as log:
+            r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps",
+                                "-w", out, src], stdout=log, stderr=subprocess.STDOUT, env=env)
+        wheels = glob.glob(os.path.join(out, "horovod-*.whl"))
+        if r.returncode != 0 or not wheels:
+            with open(log_path) as f:
+                tail = "".join(f.readlines()[-30:])
+            raise InstallError(f"the Horovod build failed (log: {log_path}); its last lines:\n{tail}")
+        return wheels[0]
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+# --- install and check --------------------------------------------------------------------------
+def install(python: str, wheel: str, say: Say) -> None:
+    say(f"installing {os.path.basename(wheel)}")
+    r = _pip(python, "install", "--quiet", "--no-deps", "--force-reinstall", wheel)
+    if r.returncode == 0:
+        r = _pip(python, "install", "--quiet", *RUNTIME_REQUIREMENTS)
+    if r.returncode != 0:
+        raise InstallError(f"pip install failed: {r.stdout.strip()[-500:]}")
+
+
+_ALLREDUCE = {
+    "torch": "import torch, horovod.torch as h; h.init(); "
+             "v = h.allreduce(torch.arange(4.0), op=h.Sum); assert v.tolist() == [0.0, 1.0, 2.0, 3.0], v",
+    "tensorflow": "import tensorflow as tf, horovod.tensorflow as h; h.init(); "
+                  "v = h.allreduce(tf.range(4.0), op=h.Sum); assert v.numpy().tolist() == [0.0, 1.0, 2.0, 3.0], v",
+}
+
+
+def check(python: str, plan: BuildPlan, say: Say) -> List[str]:
+    """``horovodrun --check-build`` and a one-process allreduce per framework; the problems found."""
+    problems = []
+    bindir = os.path.dirname(python)
+    exe = os.path.join(bindir, "horovodrun")
+    r = subprocess.run([exe, "--check-build"], capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, PATH=bindir + os.pathsep + os.environ.get("PATH", "")))
+    lines = [ln for ln in r.stdout.splitlines() if "[X]" in ln or "[ ]" in ln]
+    say("horovodrun --check-build:\n    " + "\n    ".join(ln.strip() for ln in lines))
+    wanted = {"torch": "PyTorch", "tensorflow": "TensorFlow"}
+    for fw in plan.frameworks:
+        if not any("[X]" in ln and wanted[fw.name] in ln for ln in lines):
+            problems.append(f"horovodrun --check-build does not list {wanted[fw.name]}")
+        # through horovodrun (Gloo is always built), which sets up what init needs
+        r = subprocess.run([exe, "-np", "1", "-H", "localhost:1", "--gloo", python, "-c",
+                            _ALLREDUCE[fw.name]], capture_output=True, text=True, timeout=300,
+                           env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"), cwd=tempfile.gettempdir())
+        if r.returncode == 0:
+            say(f"one-process allreduce with horovod.{fw.name}: ok")
+        else:
+            problems.append(f"one-process allreduce with horovod.{fw.name} failed: "
+                            f"{(r.stderr or r.stdout).strip()[-400:]}")
+    for needed, name in ((plan.mpi, "MPI"), (True, "Gloo")):
+        if needed and not any("[X]" in ln and ln.strip().endswith(name) for ln in lines):
+            problems.append(f"horovodrun --check-build does not list {name}")
+    return problems

@@ -1,0 +1,112 @@
+"""The Horovod build recipe's decisions, from facts written by hand (no build, no framework)."""
+import json
+import os
+
+import pytest
+
+from hvdp.install import build
+from hvdp.install.facts import Facts, Framework, Toolkit
+from hvdp.install.recipe import InstallError, apply_patch, decide, patches
+
+SDIST_LINES = {  # the lines of Horovod 0.28.1's sources that the patches rewrite
+    "CMakeLists.txt": "project(horovod CXX)\nset(CMAKE_CXX_STANDARD 14)\n",
+    "horovod/torch/CMakeLists.txt": "if(NOT Pytorch_VERSION VERSION_LESS \"1.5.0\")\n"
+                                    "    set(CMAKE_CXX_STANDARD 14)\nendif()\n",
+    "horovod/tensorflow/CMakeLists.txt": 'list(APPEND TF_SOURCES "${PROJECT_SOURCE_DIR}/horovod/'
+                                         'tensorflow/xla_mpi_ops.cc")\nlist(APPEND TF_SOURCES "x.cc")\n',
+}
+
+
+def facts(**kw):
+    base = dict(python="3.11.7", python_exe="/env/bin/python",
+                frameworks={"torch": Framework("torch", "2.13.0+cpu"),
+                            "tensorflow": Framework("tensorflow", "2.21.0")},
+                mpi="Open MPI 4.1.4", mpi_compiler=True, cxx="/usr/bin/c++", cmake="3.25.1")
+    base.update(kw)
+    return Facts(**base)
+
+
+def test_cxx_standard_follows_torch_version():
+    plan = decide(facts())
+    torch_patch = [p for p in plan.patches() if p.path == "horovod/torch/CMakeLists.txt"][0]
+    assert torch_patch.replacement == "set(CMAKE_CXX_STANDARD 17)"
+    new = decide(facts(frameworks={"torch": Framework("torch", "2.14.1+cu130", "13.0")}), gpu=False)
+    torch_patch = [p for p in new.patches() if p.path == "horovod/torch/CMakeLists.txt"][0]
+    assert torch_patch.replacement == "set(CMAKE_CXX_STANDARD 20)"
+    # no TF: the TF patch is not applied (it would not be needed, and its file is not built)
+    assert all("tensorflow" not in p.path for p in new.patches())
+    assert new.env()["HOROVOD_WITHOUT_TENSORFLOW"] == "1" and new.env()["HOROVOD_WITH_PYTORCH"] == "1"
+
+
+def test_patches_rewrite_the_sdist_lines_and_fail_loudly_elsewhere():
+    for p in patches([Framework("torch", "2.14.1"), Framework("tensorflow", "2.21.0")]):
+        out = apply_patch(SDIST_LINES[p.path], p)
+        assert out != SDIST_LINES[p.path]
+        assert "CMAKE_CXX_STANDARD 14" not in out and "xla_mpi_ops" not in out
+    with pytest.raises(InstallError, match="not found in CMakeLists.txt"):
+        apply_patch("set(CMAKE_CXX_STANDARD 11)\n", patches([])[0])
+
+
+def test_refusals_name_the_fix():
+    with pytest.raises(InstallError, match="apt-get install -y g\\+\\+"):
+        decide(facts(cxx=None))
+    with pytest.raises(InstallError, match="pip install cmake"):
+        decide(facts(cmake=None))
+    with pytest.raises(InstallError, match="pip install cmake"):
+        decide(facts(cmake="3.10.2"))
+    with pytest.raises(InstallError, match="pip install torch"):
+        decide(facts(frameworks={}))
+    with pytest.raises(InstallError, match="outside the range.*--force"):
+        decide(facts(frameworks={"torch": Framework("torch", "2.15.0")}))
+    assert decide(facts(frameworks={"torch": Framework("torch", "2.15.0")}), force=True).frameworks
+    with pytest.raises(InstallError, match="does not import"):
+        decide(facts(framework_errors={"tensorflow": "ImportError: libcudart.so.12"}))
+    with pytest.raises(InstallError, match="unknown framework 'jax'"):
+        decide(facts(), frameworks=["jax"])
+
+
+def test_cuda_framework_needs_a_matching_toolkit_or_cpu():
+    cuda_torch = {"torch": Framework("torch", "2.14.1+cu130", "13.0")}
+    with pytest.raises(InstallError, match="no CUDA 13 toolkit.*--cpu"):
+        decide(facts(frameworks=cuda_torch))
+    with pytest.raises(InstallError, match="no CUDA 13 toolkit"):
+        decide(facts(frameworks=cuda_torch, toolkits=[Toolkit("/usr/local/cuda-12.9", "12.9")]))
+    plan = decide(facts(frameworks=cuda_torch, toolkits=[Toolkit("/usr/local/cuda-12.9", "12.9"),
+                                                         Toolkit("/usr/local/cuda-13.0", "13.0")]))
+    assert plan.gpu and plan.toolkit.version == "13.0" and plan.env()["HOROVOD_GPU_OPERATIONS"] == "NCCL"
+    cpu = decide(facts(frameworks=cuda_torch), gpu=False)
+    assert not cpu.gpu and "HOROVOD_GPU_OPERATIONS" not in cpu.env()
+    with pytest.raises(InstallError, match="CPU build"):
+        decide(facts(), gpu=True)
+    mixed = {"torch": Framework("torch", "2.13.0", "13.0"), "tensorflow": Framework("tensorflow", "2.21.0", "12.5")}
+    with pytest.raises(InstallError, match="different CUDA major.*--frameworks"):
+        decide(facts(frameworks=mixed, toolkits=[Toolkit("/c", "13.0")]))
+
+
+def test_mpi_is_used_only_with_its_headers():
+    assert decide(facts()).env()["HOROVOD_WITH_MPI"] == "1"
+    no_headers = decide(facts(mpi_compiler=False))
+    assert no_headers.mpi is None and no_headers.env()["HOROVOD_WITHOUT_MPI"] == "1"
+    assert any("libopenmpi-dev" in r for r in no_headers.reasons)
+    assert decide(facts(mpi=None, mpi_compiler=False)).env()["HOROVOD_WITH_GLOO"] == "1"
+
+
+def test_cache_key_names_versions_and_a_superset_wheel_serves(tmp_path):
+    both = decide(facts())
+    key = both.key()
+    for part in ("horovod0.28.1", "torch2.13.0+cpu", "tensorflow2.21.0", "py3.11.7", "openmpi4.1.4", "cpu"):
+        assert part in key
+    wheel = tmp_path / "horovod-0.28.1-cp311-cp311-linux_x86_64.whl"
+    wheel.write_bytes(b"")
+    stored = build.store(str(tmp_path / "cache"), both, str(wheel))
+    assert build.cached_wheel(str(tmp_path / "cache"), both) == stored
+    with open(os.path.join(os.path.dirname(stored), "build.json")) as f:
+        assert json.load(f)["frameworks"] == {"torch": "2.13.0+cpu", "tensorflow": "2.21.0"}
+    # an environment with the same torch and no TF is served by the torch+TF wheel ...
+    torch_only = decide(facts(frameworks={"torch": Framework("torch", "2.13.0+cpu")}))
+    assert torch_only.key() != key
+    assert build.cached_wheel(str(tmp_path / "cache"), torch_only) == stored
+    # ... but not one with another torch, Python or MPI
+    for other in (facts(frameworks={"torch": Framework("torch", "2.13.1")}), facts(python="3.12.1"),
+                  facts(mpi="MPICH 4.1")):
+        assert build.cached_wheel(str(tmp_path / "cache"), decide(other)) is None
