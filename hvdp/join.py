@@ -1,0 +1,139 @@
+"""Uneven inputs: a rank that runs out of data calls ``hvd.join()`` and the others go on.
+
+Horovod's join answers only *allreduce* for a joined rank (with zeros); an alltoall or allgather
+that meets a joined rank is an error on the active ranks and crashes the joined one. hvdp's
+two-phase codecs (bf16, int8, topk) use exactly those. So, when the user opts in
+(``DistributedOptimizer(..., uneven_inputs=True)``):
+
+- every step, before its first two-phase bucket, the ranks sum a 1 over an allreduce
+  (``CONTROL_NAME``): a joined rank's zero makes the sum smaller than the size, and every active
+  rank sees the same number, so all take the same path;
+- in a step where some rank has joined, each two-phase bucket is reduced by one float32
+  allreduce instead (:class:`JoinableReducer`), which Horovod's join supports.
+
+The average is Horovod's in every case: the sum over the active ranks divided by the full size
+(a joined rank adds zeros), for every codec. Error feedback while a rank has joined:
+
+- an active rank sends its gradient *plus* its worker residual exactly (float32), so its worker
+  residual becomes zero (nothing of it was lost); a joined rank sends nothing and keeps its own;
+- server residuals (each rank's share of the re-encoding error of the chunk it owns) are left as
+  they are on every rank: no chunk is re-encoded in such a step, so no new error arises, and each
+  is added by its owner at the next two-phase step.
+
+After all ranks have joined, hvdp's ``join`` broadcasts the optimizers' parameters and state from
+the last rank to join (it ran every step), so the ranks are identical again.
+
+Without the opt-in, ``join`` on a rank whose optimizer has two-phase buckets raises
+:class:`JoinRefused` (the other ranks learn it through the failure reports, see
+``hvdp.failures``) instead of letting Horovod crash.
+"""
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+from typing import Any, Callable, List
+
+from .collectives import AVERAGE
+from .stats import ring_allreduce_bytes
+
+CONTROL_NAME = "hvdp.join.active"
+
+
+class JoinRefused(RuntimeError):
+    """``hvd.join()`` with a two-phase codec but without ``uneven_inputs=True``."""
+
+
+def refusal(codec_name: str, adapter: str) -> str:
+    """The message of :class:`JoinRefused`: what happened and the two ways out."""
+    extra = (" and add hvd.callbacks.JoinCallback() (first in callbacks) to model.fit"
+             if adapter == "keras" else "")
+    return (f"hvd.join() was called (this rank ran out of data) while the DistributedOptimizer uses "
+            f"{codec_name} compression, which reduces over alltoall/allgather: Horovod's join does "
+            f"not support those and would crash. Fix: create the optimizer with "
+            f"hvd.DistributedOptimizer(..., uneven_inputs=True) on every rank{extra}; or give every "
+            f"rank the same number of steps (drop the remainder of the data), or use compression "
+            f"'none' or 'fp16'.")
+
+
+def someone_joined(active: float, size: int) -> bool:
+    """From the control sum (a 1 per active rank, 0 per joined rank): has any rank joined?"""
+    n = int(round(float(active)))
+    if not 1 <= n <= size:
+        raise RuntimeError(f"hvdp join control: {n} active ranks of {size}; the ranks disagree on "
+                           "uneven_inputs (it must be set the same way on every rank)")
+    return n < size
+
+
+@dataclass
+class _JoinedPending:
+    name: str
+    n: int
+    handle: Any
+
+
+class JoinableReducer:
+    """A :class:`~hvdp.twophase.TwoPhaseReducer` that switches a step's buckets to one float32
+    allreduce while ``joined()`` says some rank has joined. Otherwise it is the inner reducer
+    (state, layout and residual stores are the inner one's).
+
+    Example::
+
+        r = JoinableReducer(TwoPhaseReducer(codec, ops, comm, True), joined=control.joined)
+        pending = r.start("b0", flat); r.exchange(pending); out = r.finish(pending)
+    """
+
+    def __init__(self, inner, joined: Callable[[], bool]):
+        self.inner = inner
+        self.joined = joined
+
+    def __getattr__(self, name):  # everything else is the inner reducer's
+        return getattr(self.inner, name)
+
+    def start(self, name: str, flat):
+        if not self.joined():
+            return self.inner.start(name, flat)
+        r = self.inner
+        ops, p = r.ops, r.comm.size
+        n = ops.size(flat)
+        _, padded = r.layout(n)
+        x = flat if padded == n else ops.cat([flat, ops.zeros(padded - n, "float32", like=flat)])
+        if r.error_feedback:
+            prev = r.worker.get(name)
+            if prev is not None and ops.size(prev) == padded:
+                x = x + prev
+                r.worker.set(name, ops.zeros(padded, "float32", like=flat))  # sent whole: nothing owed
+        if r.stats is not None:
+            fp32 = ring_allreduce_bytes(4 * n, p)
+            r.stats.record("none", n, handed=4 * padded, sent=fp32, fp32=fp32)
+        handle = r.comm.allreduce_async(x, f"hvdp.join.{name}", r.op, 1.0, r.postscale)
+        return _JoinedPending(name, n, handle)
+
+    def exchange(self, pend) -> None:
+        if not isinstance(pend, _JoinedPending):
+            self.inner.exchange(pend)
+
+    def finish(self, pend):
+        if not isinstance(pend, _JoinedPending):
+            return self.inner.finish(pend)
+        return self.inner.comm.wait(pend.handle)[:pend.n]
+
+
+def joined_average(contributions: List[Any], active: List[bool], op: str = AVERAGE):
+    """The reference: Horovod's average while some ranks have joined (numpy or any array type):
+    the sum of the active ranks' contributions divided by the full number of ranks."""
+    total = sum(c for c, a in zip(contributions, active) if a)
+    return total / len(contributions) if op == AVERAGE else total
+
+
+class Registry:
+    """The optimizers ``hvd.join()`` must bring back in line, in creation order (the same on
+    every rank); held weakly, so a dropped optimizer drops out."""
+
+    def __init__(self):
+        self._refs: List[weakref.ref] = []
+
+    def add(self, obj) -> None:
+        self._refs = [r for r in self._refs if r() is not None] + [weakref.ref(obj)]
+
+    def alive(self) -> list:
+        return [o for o in (r() for r in self._refs) if o is not None]

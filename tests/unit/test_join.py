@@ -1,0 +1,132 @@
+"""hvdp.join on simulated workers: the joined-step path, its residual rule, the decision."""
+import gc
+
+import numpy as np
+import pytest
+
+from hvdp import codecs
+from hvdp.collectives import AVERAGE, SUM
+from hvdp.join import (JoinableReducer, Registry, joined_average, refusal, someone_joined)
+from hvdp.ops import NumpyOps
+from hvdp.simcomm import FakeGroup
+from hvdp.twophase import TwoPhaseReducer
+
+OPS = NumpyOps()
+TWO_PHASE = ["bf16", "int8", "topk"]
+
+
+def reducers(p, codec, ef, op=AVERAGE, flags=None):
+    group = FakeGroup(p)
+    flags = flags if flags is not None else {"joined": False}
+    return [JoinableReducer(TwoPhaseReducer(codecs.get(codec), OPS, c, ef, op), lambda: flags["joined"])
+            for c in group.comms], flags
+
+
+def step(reds, grads, active, name="b0"):
+    """One step: active ranks reduce; a joined rank answers the allreduce with zeros (as
+    Horovod's join does). Returns the active ranks' outputs."""
+    pend = {}
+    for r, (red, g) in enumerate(zip(reds, grads)):
+        if active[r]:
+            pend[r] = red.start(name, g)
+        else:  # Horovod's join: zeros of the same size
+            _, padded = red.layout(g.size)
+            red.comm.allreduce_async(np.zeros(padded, np.float32), f"hvdp.join.{name}", red.op, 1.0,
+                                     red.postscale)
+    for r, p in pend.items():
+        reds[r].exchange(p)
+    return {r: reds[r].finish(p) for r, p in pend.items()}
+
+
+@pytest.mark.parametrize("codec", TWO_PHASE)
+@pytest.mark.parametrize("op", [AVERAGE, SUM])
+def test_joined_step_is_horovods_average_of_the_active_ranks(codec, op):
+    rng = np.random.default_rng(0)
+    p, n = 3, 1001
+    reds, flags = reducers(p, codec, ef=False, op=op)
+    flags["joined"] = True
+    grads = [rng.standard_normal(n).astype(np.float32) for _ in range(p)]
+    active = [True, False, True]
+    outs = step(reds, grads, active)
+    want = joined_average(grads, active, op)
+    for o in outs.values():
+        np.testing.assert_array_equal(o, outs[0])
+        np.testing.assert_allclose(o, want, rtol=1e-6, atol=1e-6)
+    # the sum must leave out rank 1 (a test that cannot tell is no test)
+    assert np.abs(outs[0] - joined_average(grads, [True] * p, op)).max() > 1e-3
+
+
+@pytest.mark.parametrize("codec", ["int8", "topk"])
+def test_residual_rule(codec):
+    """Active ranks flush their worker residual into the float32 allreduce; the joined rank keeps
+    its own; server residuals stay as they are on every rank."""
+    rng = np.random.default_rng(1)
+    p, n = 2, 4096
+    reds, flags = reducers(p, codec, ef=True)
+    g0 = [rng.standard_normal(n).astype(np.float32) for _ in range(p)]
+    step(reds, g0, [True, True])  # a normal step leaves residuals
+    worker = [r.worker.get("b0").copy() for r in reds]
+    server = [r.server.get("b0").copy() for r in reds]
+    assert all(np.abs(w).max() > 0 for w in worker) and all(np.abs(s).max() > 0 for s in server)
+    flags["joined"] = True
+    g1 = [rng.standard_normal(n).astype(np.float32) for _ in range(p)]
+    out = step(reds, g1, [True, False])[0]
+    np.testing.assert_allclose(out, (g1[0] + worker[0][:n]) / p, rtol=1e-6, atol=1e-7)
+    assert not np.any(reds[0].worker.get("b0"))                    # flushed: sent whole
+    np.testing.assert_array_equal(reds[1].worker.get("b0"), worker[1])  # joined: kept
+    for r in range(p):
+        np.testing.assert_array_equal(reds[r].server.get("b0"), server[r])
+
+
+def test_error_feedback_telescopes_across_a_joined_tail():
+    """4 steps all active, 1 step with rank 1 joined: the applied updates add up to the exact
+    contributions, up to what the joined rank and the servers still hold."""
+    rng = np.random.default_rng(2)
+    p, n, steps = 2, 3000, 5
+    reds, flags = reducers(p, "int8", ef=True)
+    applied, exact = np.zeros(n), np.zeros(n)
+    for t in range(steps):
+        active = [True, t < steps - 1]
+        flags["joined"] = not all(active)
+        grads = [rng.standard_normal(n).astype(np.float32) for _ in range(p)]
+        applied += step(reds, grads, active)[0]
+        exact += joined_average(grads, active)
+    owed = reds[1].worker.get("b0")[:n] / p + np.concatenate([r.server.get("b0") for r in reds])[:n]
+    np.testing.assert_allclose(applied + owed, exact, atol=1e-5)
+
+
+def test_no_one_joined_is_the_two_phase_path():
+    rng = np.random.default_rng(3)
+    grads = [rng.standard_normal(500).astype(np.float32) for _ in range(2)]
+    reds, _ = reducers(2, "int8", ef=False)
+    plain = [TwoPhaseReducer(codecs.get("int8"), OPS, c, False) for c in FakeGroup(2).comms]
+    got = step(reds, grads, [True, True])[0]
+    want = step(plain, grads, [True, True])[0]
+    np.testing.assert_array_equal(got, want)
+
+
+def test_someone_joined():
+    assert someone_joined(3.0, 3) is False
+    assert someone_joined(1.0, 3) is True
+    with pytest.raises(RuntimeError, match="uneven_inputs"):
+        someone_joined(0.0, 2)
+    with pytest.raises(RuntimeError, match="uneven_inputs"):
+        someone_joined(3.0, 2)
+
+
+def test_refusal_names_the_fix():
+    msg = refusal("int8", "torch")
+    assert "uneven_inputs=True" in msg and "int8" in msg and "JoinCallback" not in msg
+    assert "JoinCallback" in refusal("topk", "keras")
+
+
+def test_registry_is_weak_and_ordered():
+    class O:
+        pass
+    reg, a, b = Registry(), O(), O()
+    reg.add(a)
+    reg.add(b)
+    assert reg.alive() == [a, b]
+    del a
+    gc.collect()
+    assert reg.alive() == [b]
