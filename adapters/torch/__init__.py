@@ -12,10 +12,12 @@ from horovod.torch import *  # noqa: F401,F403  (every public name of horovod.to
 
 from hvdp import __version__  # noqa: F401
 from hvdp.plan import CompressionPolicy  # noqa: F401
+from hvdp.join import JoinRefused  # noqa: F401
 
 from .checkpoint import load_checkpoint, save_checkpoint  # noqa: F401
 from .compression import Compression  # noqa: F401
 from .functions import broadcast_optimizer_state  # noqa: F401
+from .join import join  # noqa: F401  (Horovod's join, safe with every codec: hvdp.join)
 from .ops import TorchOps  # noqa: F401
 from .optimizer import DistributedOptimizer  # noqa: F401
 

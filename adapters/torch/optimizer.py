@@ -13,6 +13,7 @@ import torch
 
 from hvdp.collectives import AVERAGE, SUM
 from hvdp.config import HVDP_COMPILE_CODECS
+from hvdp.join import JoinableReducer
 from hvdp.plan import CompressionPolicy, make_plan
 from hvdp.stats import WireStats, ring_allreduce_bytes
 from hvdp.twophase import TwoPhaseReducer
@@ -20,6 +21,7 @@ from hvdp.twophase import TwoPhaseReducer
 from .comm import TorchCollectives
 from .compiled import CompiledCodec
 from .compression import Compression, resolve
+from .join import OPTIMIZERS, StepControl
 from .ops import TorchOps
 
 _OPS = TorchOps()
@@ -51,7 +53,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def __init__(self, params, named_parameters, codec, hvd_compressor, policy,
                  backward_passes_per_step, op, gradient_predivide_factor, groups,
-                 sparse_as_dense, process_set, compile_codecs=False):
+                 sparse_as_dense, process_set, compile_codecs=False, uneven_inputs=False):
         super(self.__class__, self).__init__(params)
         # settings
         self._codec, self._hvd_compressor, self._policy = codec, hvd_compressor, policy
@@ -75,6 +77,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         run_codec = CompiledCodec(codec) if (two_phase and compile_codecs) else codec
         self._reducer = TwoPhaseReducer(run_codec, _OPS, self._comm, ef, self._op, self._predivide,
                                         self.stats) if two_phase else None
+        # uneven inputs (hvdp.join): a per-step "has anyone joined?", and buckets that switch to
+        # an allreduce in such a step
+        self._join = StepControl(self._comm) if (uneven_inputs and self._reducer is not None) else None
+        if self._join is not None:
+            self._reducer = JoinableReducer(self._reducer, self._join.joined)
+        OPTIMIZERS.add(self)
         # internal state, reset every step
         self._step_count = 0
         self._delay = {p: self._bpps for p in self._params}
@@ -114,6 +122,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return self._step_count >= self._policy.warmup_steps
 
     def _hook(self, p):
+        if self._join is not None:
+            self._join.begin()
         if self._delay[p] <= 0:
             raise AssertionError("gradients were computed more than backward_passes_per_step="
                                  f"{self._bpps} times before step(); raise backward_passes_per_step "
@@ -211,6 +221,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._bucket_ready.clear()
         self._group_ready.clear()
         self._delay = {p: self._bpps for p in self._params}
+        if self._join is not None:
+            self._join.reset()
 
     def _synchronize(self):
         for p in self._params:  # unused in this step's graph, or fewer passes than configured
@@ -241,6 +253,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 g = self._params[i].grad
                 g.copy_(flat[off:off + g.numel()].view_as(g))
                 off += g.numel()
+        if self._join is not None:
+            self._join.end_step()
         self._clear_pending()
         self._step_count += 1
         self.stats.end_step()
@@ -297,13 +311,16 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
                          backward_passes_per_step=1, op=_hvd.Average, gradient_predivide_factor=1.0,
                          num_groups=0, groups=None, sparse_as_dense=False,
-                         process_set=_hvd.global_process_set, policy=None, compile_codecs=None):
+                         process_set=_hvd.global_process_set, policy=None, compile_codecs=None,
+                         uneven_inputs=False):
     """Wrap a torch optimizer so each step averages gradients across workers first.
 
     Horovod's arguments keep Horovod's meaning. ``compression`` also takes a codec name
     ("none", "fp16", "bf16", "int8", "topk") or an ``hvd.Compression`` member; ``policy`` an
     :class:`hvdp.CompressionPolicy` (size threshold, name patterns, warm-up, fusion, error feedback);
-    ``compile_codecs`` fuses the codec with torch.compile (default: env ``HVDP_COMPILE_CODECS=1``).
+    ``compile_codecs`` fuses the codec with torch.compile (default: env ``HVDP_COMPILE_CODECS=1``);
+    ``uneven_inputs=True`` lets ranks with fewer batches call ``hvd.join()`` with any codec (one
+    tiny allreduce per step tells the ranks whether someone has joined; see ``hvdp.join``).
 
     Example::
 
@@ -337,4 +354,4 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_DistributedOptimizer.__dict__))
     return cls(optimizer.param_groups, named_parameters, codec, hvd_compressor, policy,
                backward_passes_per_step, op, gradient_predivide_factor, groups, sparse_as_dense,
-               process_set, compile_codecs)
+               process_set, compile_codecs, uneven_inputs)

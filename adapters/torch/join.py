@@ -1,0 +1,98 @@
+"""``hvd.join()`` for hvdp's torch optimizers, and their per-step join control.
+
+The rules are the core's (``hvdp.join``); this file supplies the collectives and the tensors.
+"""
+import horovod.torch as _hvd
+import torch
+
+from hvdp.join import CONTROL_NAME, JoinRefused, Registry, refusal, someone_joined
+
+from .functions import broadcast_optimizer_state
+
+OPTIMIZERS = Registry()  # every hvdp DistributedOptimizer, in creation order
+
+
+class StepControl:
+    """A 1 summed over the ranks once per step (``uneven_inputs=True``): a joined rank adds the
+    zero Horovod's join gives it, so every active rank learns the same "someone has joined".
+
+    Submitted at the step's first gradient hook; waited on before the first two-phase bucket
+    is sent (or at the end of the step), so it overlaps the rest of backward.
+    """
+
+    def __init__(self, comm):
+        self._comm = comm
+        self.reset()
+
+    def reset(self):
+        self._flag, self._handle, self._joined = None, None, None
+
+    def begin(self):
+        if self._handle is None and self._joined is None and self._comm.size > 1:
+            self._flag = torch.ones(1)
+            self._handle = _hvd.allreduce_async_(self._flag, name=CONTROL_NAME, op=_hvd.Sum,
+                                                 process_set=self._comm.process_set)
+
+    def joined(self) -> bool:
+        if self._joined is None:
+            if self._comm.size <= 1:
+                self._joined = False
+            else:
+                self.begin()
+                _hvd.synchronize(self._handle)
+                self._handle = None
+                self._joined = someone_joined(self._flag.item(), self._comm.size)
+        return self._joined
+
+    def end_step(self):
+        if self._handle is not None:  # every active rank submitted it: wait for it here
+            _hvd.synchronize(self._handle)
+        self.reset()
+
+
+def _uses_two_phase(opt) -> bool:
+    return opt._reducer is not None and bool(opt._plan.buckets) and opt._comm.size > 1
+
+
+def _sync_from(opt, root: int) -> None:
+    """Parameters, optimizer state and step count of ``root`` (it ran every step) on every rank.
+    Residuals stay each rank's own."""
+    params = [p for g in opt.param_groups for p in g["params"]]
+    with torch.no_grad():
+        handles = [_hvd.broadcast_async_(p.data, root, name=f"hvdp.join.sync.{i}",
+                                         process_set=opt._comm.process_set) for i, p in enumerate(params)]
+        for h in handles:
+            _hvd.synchronize(h)
+    broadcast_optimizer_state(opt, root)
+    opt._step_count = _hvd.broadcast_object(opt._step_count, root, name="hvdp.join.step")
+
+
+def join(device: int = -1) -> int:
+    """Horovod's ``join`` (this rank has run out of data; the others go on, and this call returns
+    once every rank has joined), made safe for hvdp's codecs.
+
+    With every hvdp optimizer created with ``uneven_inputs=True`` (or using no two-phase codec),
+    the active ranks reduce as Horovod does with joined ranks (sum of the active ranks divided by
+    the size); afterwards every optimizer's parameters and state are broadcast from the last rank
+    to join, so all ranks are identical. Buffers the optimizer does not hold (e.g. BatchNorm
+    statistics) are the caller's to broadcast. An optimizer with int8/bf16/topk buckets and
+    without ``uneven_inputs=True`` makes this raise :class:`hvdp.join.JoinRefused`.
+
+    Example::
+
+        for batch in my_shard:          # ranks have different numbers of batches
+            ...; opt.step()
+        hvd.join()                      # then all ranks hold the same model
+
+    Returns:
+        the rank that joined last.
+    """
+    opts = OPTIMIZERS.alive()
+    for opt in opts:
+        if opt._join is None and _uses_two_phase(opt):
+            raise JoinRefused(refusal(opt._codec.name, "torch"))
+    last = int(_hvd.join(device))
+    for opt in opts:  # Horovod's join is global: a process set's ranks are not these ranks
+        if opt._comm.size > 1 and opt._comm.process_set.process_set_id == 0:
+            _sync_from(opt, last)
+    return last

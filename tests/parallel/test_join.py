@@ -1,0 +1,78 @@
+"""Uneven inputs with ``hvd.join()`` (issue 17), every codec, both adapters, Gloo and MPI.
+
+Each job runs rank r for ``steps[r]`` steps then joins; the workers check that the ranks end
+identical, the residual rule, and the final parameters against a reference that replays every
+rank's per-step contributions (``workers/join_reference.py``).
+"""
+import functools
+import os
+import re
+
+import pytest
+
+from conftest import CONTROLLERS, WORKERS, checks_passed, horovodrun
+
+pytestmark = pytest.mark.parallel
+
+CODECS = ["none", "fp16", "bf16", "int8", "topk"]
+
+
+@functools.lru_cache(maxsize=None)
+def job(worker, steps, *args, controller="gloo"):
+    np_ = len(steps.split(","))
+    return horovodrun([os.path.join(WORKERS, worker), steps, *args], np=np_, controller=controller,
+                      timeout=240 + 60 * np_)
+
+
+def assert_all_ranks(out, rc, names, np_):
+    passed = checks_passed(out)
+    want = {str(r) for r in range(np_)}
+    for name in names:
+        assert passed.get(name) == want, f"{name} not passed on every rank (rc={rc}):\n{out[-5000:]}"
+    assert rc == 0, out[-5000:]
+
+
+@pytest.mark.parametrize("controller", CONTROLLERS)
+def test_torch_5_vs_4_steps_every_codec(controller):
+    rc, out = job("join_torch.py", "5,4", ",".join(CODECS), controller=controller)
+    assert_all_ranks(out, rc, [f"join-{c}" for c in CODECS], 2)
+
+
+@pytest.mark.parametrize("controller", CONTROLLERS)
+def test_torch_three_ranks_three_step_counts(controller):
+    rc, out = job("join_torch.py", "5,3,4", ",".join(CODECS), controller=controller)
+    assert_all_ranks(out, rc, [f"join-{c}" for c in CODECS], 3)
+
+
+@pytest.mark.parametrize("controller", CONTROLLERS)
+def test_torch_join_without_opt_in_is_a_clear_error_on_every_rank(controller):
+    rc, out = job("join_torch.py", "5,4", "int8", "refuse", controller=controller)
+    assert rc != 0, out[-3000:]
+    assert "Segmentation fault" not in out and "signal 11" not in out, out[-3000:]
+    for rank in (0, 1):  # horovodrun prefixes each line with [rank] (Gloo) or [1,rank] (MPI)
+        lines = [ln for ln in out.splitlines() if re.match(rf"\[(\d+,)?{rank}\]", ln)]
+        assert any("uneven_inputs=True" in ln for ln in lines), f"rank {rank} did not say why:\n{out[-4000:]}"
+
+
+@pytest.mark.parametrize("controller", CONTROLLERS)
+def test_keras_loop_5_vs_4_steps_every_codec(controller):
+    rc, out = job("join_keras.py", "5,4", "loop", ",".join(CODECS), controller=controller)
+    assert_all_ranks(out, rc, [f"join-loop-{c}" for c in CODECS], 2)
+
+
+@pytest.mark.parametrize("controller", CONTROLLERS)
+def test_keras_loop_three_ranks(controller):
+    rc, out = job("join_keras.py", "5,3,4", "loop", ",".join(CODECS), controller=controller)
+    assert_all_ranks(out, rc, [f"join-loop-{c}" for c in CODECS], 3)
+
+
+@pytest.mark.parametrize("controller", CONTROLLERS)
+def test_keras_fit_uneven_shards_with_join_callback(controller):
+    rc, out = job("join_keras.py", "5,4", "fit", ",".join(CODECS), controller=controller)
+    assert_all_ranks(out, rc, [f"join-fit-{c}" for c in CODECS], 2)
+
+
+def test_keras_fit_uneven_shards_without_it_is_refused():
+    rc, out = job("join_keras.py", "5,4", "nojoin", "int8")
+    assert_all_ranks(out, rc, ["join-nojoin-int8"], 2)
+    assert re.search(r"steps_per_epoch=4", out), out[-3000:]

@@ -1,0 +1,95 @@
+"""hvdp.torch with uneven inputs: rank r runs ``steps[r]`` steps, then ``hvd.join()``.
+
+Usage: join_torch.py STEPS CODEC[,CODEC...] [refuse]
+  STEPS: per-rank step counts, e.g. 5,4 or 5,3,4.
+  refuse: no ``uneven_inputs`` (expects JoinRefused on the rank that joins first).
+Prints 'CHECK join-<codec> OK rank=<r> err=... bound=...' per codec.
+"""
+import sys
+
+import numpy as np
+import torch
+
+import hvdp.torch as hvd
+
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+from join_reference import check_uneven_run  # noqa: E402
+
+LR = 0.1
+
+
+def residual_state(opt):
+    red = opt.state_dict()["hvdp"]["reducer"]
+    if red is None:
+        return None
+    return {k: {b: t.detach().clone().numpy() for b, t in red[k].items()} for k in ("worker", "server")}
+
+
+def run(codec, steps, uneven_inputs=True):
+    rank, size = hvd.rank(), hvd.size()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(20, 64), torch.nn.Tanh(), torch.nn.Linear(64, 3))
+    params = list(model.parameters())
+    p0 = [p.detach().clone().numpy() for p in params]
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=LR),
+                                   named_parameters=model.named_parameters(), compression=codec,
+                                   uneven_inputs=uneven_inputs)
+    g = torch.Generator().manual_seed(1000 + rank)
+    x, y = torch.randn(steps[rank], 8, 20, generator=g), torch.randint(0, 3, (steps[rank], 8), generator=g)
+    local, res_after = [], []
+    for t in range(steps[rank]):
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(x[t]), y[t])
+        local.append([gr.numpy().copy() for gr in torch.autograd.grad(loss, params, retain_graph=True)])
+        loss.backward()
+        opt.step()
+        res_after.append(residual_state(opt))
+    last = hvd.join()
+    assert last == int(np.argmax(steps)), (last, steps)
+
+    # identical on every rank, step counts too
+    for i, p in enumerate(params):
+        allp = hvd.allgather(p.detach().reshape(1, -1), name=f"join.ident.{codec}.{i}")
+        assert all(torch.equal(allp[0], allp[r]) for r in range(size)), f"{codec}: param {i} differs"
+    counts = hvd.allgather_object(opt._step_count, name=f"join.count.{codec}")
+    assert counts == [max(steps)] * size, counts
+
+    # residual rule
+    res = residual_state(opt)
+    if res is not None:
+        for b in res["worker"]:
+            if steps[rank] < max(steps):   # joined early: its worker residual is kept
+                np.testing.assert_array_equal(res["worker"][b], res_after[-1]["worker"][b])
+            else:                           # ran steps with a rank joined: flushed into them
+                assert not np.any(res["worker"][b]), f"{codec}: worker residual not flushed"
+            t_even = min(steps) - 1         # last step with every rank active
+            np.testing.assert_array_equal(res["server"][b], res_after[t_even]["server"][b])
+
+    # against the replayed contributions
+    every_local = hvd.allgather_object(local, name=f"join.local.{codec}")
+    every_res = hvd.allgather_object(res, name=f"join.res.{codec}") if res is not None else None
+    buckets = [tuple(idx) for idx in opt._plan.buckets]
+    final = [p.detach().numpy() for p in params]
+    err, bound = check_uneven_run(codec, every_local, steps, size, p0, final, LR, every_res, buckets)
+    print(f"CHECK join-{codec} OK rank={rank} err={err:.3g} bound={bound:.3g}", flush=True)
+
+
+def refuse(codec, steps):
+    """Without uneven_inputs: the first rank to join raises JoinRefused; the others fail too."""
+    try:
+        run(codec, steps, uneven_inputs=False)
+    except hvd.JoinRefused as e:
+        print(f"REFUSED rank={hvd.rank()}: {e}", flush=True)
+        raise
+
+
+if __name__ == "__main__":
+    hvd.init()
+    torch.set_num_threads(1)
+    steps = [int(s) for s in sys.argv[1].split(",")]
+    assert len(steps) == hvd.size(), (steps, hvd.size())
+    for name in sys.argv[2].split(","):
+        if len(sys.argv) > 3 and sys.argv[3] == "refuse":
+            refuse(name, steps)
+        else:
+            run(name, steps)
