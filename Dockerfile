@@ -60,8 +60,7 @@ COPY scripts/ssh_node.sh /opt/hvdp/src/scripts/
 RUN for fw in torch tensorflow; do \
         py=/opt/hvdp/$fw/bin/python \
         && "$py" -m pip install --no-deps --no-build-isolation /opt/hvdp/src \
-        && (cd /tmp && "$py" -m hvdp install-horovod --gpu --no-check \
-                --cache-dir /tmp/hvdp-wheels) \
+        && "$py" -m hvdp install-horovod --gpu --no-check --cache-dir /tmp/hvdp-wheels \
         && rm -rf /tmp/hvdp-wheels || exit 1; \
     done \
     && rm -rf /opt/hvdp/src/build /opt/hvdp/src/*.egg-info \

@@ -97,6 +97,21 @@ _INSTALL = "run `python -m hvdp install-horovod` in this environment"
 _METADATA_NAME = {"torch": "pytorch", "tensorflow": "tensorflow"}
 
 
+def framework_pitfalls(versions: dict, built_against: dict, loaded: dict) -> list:
+    """(problem, fix) pairs for each framework: Horovod built against another version than the
+    installed one, or its extension not loading. ``loaded``: per framework {"ok", "error"}."""
+    out = []
+    for fw, info in loaded.items():
+        have, was = versions.get(fw), built_against.get(fw)
+        if have and was and was.split("+")[0] != have.split("+")[0]:
+            out.append((f"Horovod was built against {fw} {was}, but {fw} {have} is installed now",
+                        f"rebuild it for the installed {fw}: " + _INSTALL + " (cached by version)"))
+        elif not info["ok"] and have:
+            out.append((f"horovod.{fw} does not load: {info['error'][:200]}",
+                        _INSTALL + (f" (Horovod was built without {fw})" if not was else "")))
+    return out
+
+
 def diagnose() -> dict:
     """Collect versions, build facts and pitfalls. Pure data; ``main`` prints it."""
     mpirun = shutil.which("mpirun")
@@ -128,15 +143,7 @@ def diagnose() -> dict:
     frameworks = {fw: probe[fw] for fw in ("torch", "tensorflow") if fw in probe}
     built = _built_against(probe["horovod_file"])
     report["built_against"] = {fw: built[_METADATA_NAME[fw]] for fw in frameworks if _METADATA_NAME[fw] in built}
-    for fw, info in frameworks.items():
-        have = report["versions"][fw]
-        was = report["built_against"].get(fw)
-        if have and was and was.split("+")[0] != have.split("+")[0]:
-            pit.append((f"Horovod was built against {fw} {was}, but {fw} {have} is installed now",
-                        f"rebuild it for the installed {fw}: " + _INSTALL + " (cached by version)"))
-        elif not info["ok"] and have:
-            pit.append((f"horovod.{fw} does not load: {info['error'][:200]}",
-                        _INSTALL + (" (Horovod was built without " + fw + ")" if not was else "")))
+    pit.extend(framework_pitfalls(report["versions"], report["built_against"], frameworks))
     libs = _horovod_libs(probe["horovod_file"])
     hvd_mpi = {_libmpi(p) for p in libs.values()} - {None}
     if report["versions"]["mpi4py"]:

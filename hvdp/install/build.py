@@ -155,8 +155,8 @@ def check(python: str, plan: BuildPlan, say: Say) -> List[str]:
     exe = os.path.join(bindir, "horovodrun")
     r = subprocess.run([exe, "--check-build"], capture_output=True, text=True, timeout=300,
                        env=dict(os.environ, PATH=bindir + os.pathsep + os.environ.get("PATH", "")))
-    lines = [ln for ln in r.stdout.splitlines() if "[X]" in ln or "[ ]" in ln]
-    say("horovodrun --check-build:\n    " + "\n    ".join(ln.strip() for ln in lines))
+    lines = [ln for ln in r.stdout.splitlines() if "[X]" in ln or "[ ]" in ln or "Available" in ln]
+    say("horovodrun --check-build:\n    " + "\n    ".join(ln.rstrip() for ln in lines))
     wanted = {"torch": "PyTorch", "tensorflow": "TensorFlow"}
     for fw in plan.frameworks:
         if not any("[X]" in ln and wanted[fw.name] in ln for ln in lines):
