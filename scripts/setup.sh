@@ -37,28 +37,32 @@ if ((${#missing[@]})); then
 fi
 
 # --- 2. cached dependency environment ---------------------------------------------------------
-pin() { sed -n "s/^$1==\([^ ]*\).*/\1/p" "$ROOT/requirements/deps.txt"; }
 PYVER=$("$PYTHON" -c 'import sys; print("%d.%d.%d" % sys.version_info[:3])')
 MPIVER=$(mpirun --version 2>/dev/null | head -1 | sed 's/.*) *//')
-RECIPE_SHA=$(cat "$ROOT"/hvdp/install/recipe.py | sha256sum | cut -c1-8)
-ENV_KEY=$(printf '%s\n' "py$PYVER-ompi$MPIVER-$RECIPE_SHA" "$(cat "$ROOT/requirements/deps.txt")" \
-          | sha256sum | cut -c1-12)
+ENV_KEY=$(printf '%s\n' "py$PYVER-ompi$MPIVER" "$(cat "$ROOT/requirements/deps.txt")" | sha256sum | cut -c1-12)
 ENV_DIR=$CACHE/envs/$ENV_KEY
+# Horovod is (re)installed when the installer's files change; it takes the wheel from the cache
+# when its build is unchanged, so that costs seconds.
+RECIPE_SHA=$(cat "$ROOT"/hvdp/install/*.py | sha256sum | cut -c1-12)
 mkdir -p "$CACHE/envs" "$CACHE/wheels"
 
 exec 9>"$CACHE/.lock"
 flock 9   # two clones setting up at once share one build
-if [[ ! -f "$ENV_DIR/.complete" ]]; then
+if [[ ! -f "$ENV_DIR/.deps-complete" ]]; then
     rm -rf "$ENV_DIR"
     say "creating dependency environment $ENV_DIR"
     "$PYTHON" -m venv "$ENV_DIR"
     quiet "$ENV_DIR/bin/pip" install --quiet --upgrade "setuptools<81" wheel
     quiet "$ENV_DIR/bin/pip" install --quiet -r "$ROOT/requirements/deps.txt"
-    say "dependencies installed; Horovod (cached wheel, or a build of a few minutes):"
+    touch "$ENV_DIR/.deps-complete"
+    say "dependencies installed"
+fi
+if [[ "$(cat "$ENV_DIR/.complete" 2>/dev/null)" != "$RECIPE_SHA" ]]; then
+    say "Horovod by python -m hvdp install-horovod (a cached wheel, or a build of a few minutes):"
     # hvdp is not installed in the dependency environment: run its installer from this clone
     PYTHONPATH=$ROOT "$ENV_DIR/bin/python" -m hvdp install-horovod --cache-dir "$CACHE/wheels" \
         || { echo "hvdp setup: python -m hvdp install-horovod failed (above)" >&2; exit 1; }
-    touch "$ENV_DIR/.complete"
+    echo "$RECIPE_SHA" > "$ENV_DIR/.complete"
 fi
 flock -u 9
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -27,12 +28,11 @@ def default_cache() -> str:
 # --- cache --------------------------------------------------------------------------------------
 def cached_wheel(cache: str, plan: BuildPlan) -> Optional[str]:
     """A cached wheel that serves ``plan``: the exact key first, else one whose build covers it
-    (see :meth:`BuildPlan.covered_by`) from the same recipe."""
+    (see :meth:`BuildPlan.covered_by`)."""
     exact = glob.glob(os.path.join(cache, plan.key(), "horovod-*.whl"))
     if exact:
         return exact[0]
-    suffix = f"-r{plan.recipe_hash()}"
-    for meta in sorted(glob.glob(os.path.join(cache, f"horovod*{suffix}", "build.json"))):
+    for meta in sorted(glob.glob(os.path.join(cache, f"horovod{plan.horovod}-*", "build.json"))):
         with open(meta) as f:
             built = json.load(f)
         wheels = glob.glob(os.path.join(os.path.dirname(meta), "horovod-*.whl"))
@@ -122,12 +122,19 @@ def build_wheel(plan: BuildPlan, sdist: str, out: str, jobs: int, log_path: str,
                                 "-w", out, src], stdout=log, stderr=subprocess.STDOUT, env=env)
         wheels = glob.glob(os.path.join(out, "horovod-*.whl"))
         if r.returncode != 0 or not wheels:
-            with open(log_path) as f:
-                tail = "".join(f.readlines()[-30:])
-            raise InstallError(f"the Horovod build failed (log: {log_path}); its last lines:\n{tail}")
+            raise InstallError(f"the Horovod build failed (log: {log_path}):\n{_first_error(log_path)}")
         return wheels[0]
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _first_error(log_path: str, context: int = 14) -> str:
+    """The first compiler or CMake error of a build log (the last lines are pip's traceback)."""
+    with open(log_path, errors="replace") as f:
+        lines = f.readlines()
+    first = next((i for i, ln in enumerate(lines) if re.search(r"CMake Error|\berror:|fatal error", ln)), None)
+    shown = lines[first:first + context] if first is not None else lines[-30:]
+    return "".join(shown)
 
 
 # --- install and check --------------------------------------------------------------------------

@@ -58,7 +58,7 @@ def cxx_standard(fw: Framework) -> int:
     return 17
 
 
-def patches(frameworks: Iterable[Framework]) -> Tuple[Patch, ...]:
+def patches(frameworks: Iterable[Framework], gpu: bool = False) -> Tuple[Patch, ...]:
     """The source changes for these frameworks (each pattern must match the sdist)."""
     out = [Patch("CMakeLists.txt", r"^set\(CMAKE_CXX_STANDARD 14\)", "set(CMAKE_CXX_STANDARD 17)",
                  "Horovod's common sources with C++17, the standard its TF extension already uses")]
@@ -68,6 +68,12 @@ def patches(frameworks: Iterable[Framework]) -> Tuple[Patch, ...]:
             out.append(Patch("horovod/torch/CMakeLists.txt", r"set\(CMAKE_CXX_STANDARD 14\)",
                              f"set(CMAKE_CXX_STANDARD {std})",
                              f"torch {fw.version}'s headers need C++{std} (Horovod pins C++14)"))
+            if fw.cuda and not gpu:
+                out.append(Patch("cmake/Modules/FindPytorch.cmake",
+                                 r'^(string\(TOUPPER "\$\{Pytorch_CUDA\}" Pytorch_CUDA\)\n)',
+                                 r"\1set(Pytorch_CUDA FALSE)\n",
+                                 "a CPU build for a CUDA torch: Horovod would compile its torch extension "
+                                 "with CUDA whenever torch finds any toolkit; with --cpu it is plain C++"))
         elif fw.name == "tensorflow":
             out.append(Patch("horovod/tensorflow/CMakeLists.txt",
                              r'^list\(APPEND TF_SOURCES "\$\{PROJECT_SOURCE_DIR\}/horovod/tensorflow/'
@@ -75,14 +81,6 @@ def patches(frameworks: Iterable[Framework]) -> Tuple[Patch, ...]:
                              "xla_mpi_ops.cc (XLA custom calls, GPU jit_compile only) includes headers "
                              "TF >= 2.16 no longer ships; every regular TF op is still built"))
     return tuple(out)
-
-
-def recipe_hash() -> str:
-    """Identifies the recipe itself, whatever it is applied to: the same for every plan, so a
-    cached wheel can serve another plan that it covers (:meth:`BuildPlan.covered_by`)."""
-    every = patches([Framework("torch", "2.13"), Framework("torch", "2.14"), Framework("tensorflow", "2.21")])
-    data = [RECIPE_REVISION, [p.__dict__ for p in every], sorted(_CMAKE_NAME.items())]
-    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:8]
 
 
 def apply_patch(text: str, patch: Patch) -> str:
@@ -109,16 +107,20 @@ class BuildPlan:
         return self.toolkit is not None
 
     def patches(self) -> Tuple[Patch, ...]:
-        return patches(self.frameworks)
+        return patches(self.frameworks, self.gpu)
 
     def recipe_hash(self) -> str:
-        return recipe_hash()
+        """Identifies exactly what is done to the sources: the patches applied, and the recipe's
+        revision (raised when the build changes in a way the patches do not show)."""
+        data = [RECIPE_REVISION, [p.__dict__ for p in self.patches()]]
+        return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:8]
 
     def describe(self) -> dict:
         """What a cached wheel was built against (stored beside it)."""
         return {"horovod": self.horovod, "python": self.python, "mpi": self.mpi or "none",
                 "gpu": f"cuda{self.toolkit.version}" if self.toolkit else "cpu",
-                "frameworks": {f.name: f.version for f in self.frameworks}}
+                "frameworks": {f.name: f.version for f in self.frameworks},
+                "revision": RECIPE_REVISION, "patches": [p.__dict__ for p in self.patches()]}
 
     def key(self) -> str:
         """A readable cache key naming every version the wheel is built against."""
@@ -140,13 +142,14 @@ class BuildPlan:
 
     def covered_by(self, built: dict) -> bool:
         """Whether a wheel built as ``built`` (a :meth:`describe`) serves this plan: the same
-        Horovod, Python, MPI and GPU build, and every framework here at the same version (a
-        wheel with one framework more serves an environment without it: that extension is
-        simply never loaded)."""
+        Horovod, Python, MPI, GPU build and recipe revision, every framework here at the same
+        version, and every patch of this plan applied (a wheel with one framework more serves an
+        environment without it: that extension is simply never loaded)."""
         mine = self.describe()
-        if any(built.get(k) != mine[k] for k in ("horovod", "python", "mpi", "gpu")):
+        if any(built.get(k) != mine[k] for k in ("horovod", "python", "mpi", "gpu", "revision")):
             return False
-        return all(built.get("frameworks", {}).get(n) == v for n, v in mine["frameworks"].items())
+        return (all(built.get("frameworks", {}).get(n) == v for n, v in mine["frameworks"].items())
+                and all(p in built.get("patches", []) for p in mine["patches"]))
 
 
 def _check_tools(facts: Facts) -> None:

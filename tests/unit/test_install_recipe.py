@@ -14,6 +14,8 @@ SDIST_LINES = {  # the lines of Horovod 0.28.1's sources that the patches rewrit
                                     "    set(CMAKE_CXX_STANDARD 14)\nendif()\n",
     "horovod/tensorflow/CMakeLists.txt": 'list(APPEND TF_SOURCES "${PROJECT_SOURCE_DIR}/horovod/'
                                          'tensorflow/xla_mpi_ops.cc")\nlist(APPEND TF_SOURCES "x.cc")\n',
+    "cmake/Modules/FindPytorch.cmake": 'string(REGEX REPLACE "No" "" Pytorch_CUDA "${Pytorch_CUDA}")\n'
+                                       'string(TOUPPER "${Pytorch_CUDA}" Pytorch_CUDA)\n',
 }
 
 
@@ -39,10 +41,18 @@ def test_cxx_standard_follows_torch_version():
 
 
 def test_patches_rewrite_the_sdist_lines_and_fail_loudly_elsewhere():
-    for p in patches([Framework("torch", "2.14.1"), Framework("tensorflow", "2.21.0")]):
+    every = patches([Framework("torch", "2.14.1", "13.0"), Framework("tensorflow", "2.21.0")])
+    assert len(every) == 4
+    for p in every:
         out = apply_patch(SDIST_LINES[p.path], p)
         assert out != SDIST_LINES[p.path]
         assert "CMAKE_CXX_STANDARD 14" not in out and "xla_mpi_ops" not in out
+    # a CPU build of a CUDA torch: Horovod's probe result is overridden right after it is made
+    cpu = [p for p in every if p.path.endswith("FindPytorch.cmake")][0]
+    assert apply_patch(SDIST_LINES[cpu.path], cpu).endswith(
+        'string(TOUPPER "${Pytorch_CUDA}" Pytorch_CUDA)\nset(Pytorch_CUDA FALSE)\n')
+    gpu = patches([Framework("torch", "2.14.1", "13.0")], gpu=True)
+    assert not any(p.path.endswith("FindPytorch.cmake") for p in gpu)
     with pytest.raises(InstallError, match="not found in CMakeLists.txt"):
         apply_patch("set(CMAKE_CXX_STANDARD 11)\n", patches([])[0])
 
