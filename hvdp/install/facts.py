@@ -148,7 +148,8 @@ def find_toolkits() -> List[Toolkit]:
             continue
         seen.add(real)
         ver = nvcc_version(home)
-        if ver:
+        # a toolkit to build with has the runtime's headers, not only a compiler
+        if ver and os.path.isfile(os.path.join(home, "include", "cuda_runtime.h")):
             found.append(Toolkit(home, ver))
     return found
 
