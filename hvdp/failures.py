@@ -20,6 +20,7 @@ Example::
         reduce()
     except Exception as e:
         raise reporter.explained(e) from e  # same type, with "rank 1 failed first: ..." added
+    with reporter.explaining():             # the same, as a context
 """
 from __future__ import annotations
 
@@ -32,7 +33,8 @@ import tempfile
 import time
 import traceback
 import urllib.request
-from typing import Callable, Dict, List, Mapping, Optional
+from contextlib import contextmanager
+from typing import Callable, Iterator, List, Mapping, Optional
 
 from .config import HVDP_FAILURE_BOARD
 
@@ -213,11 +215,11 @@ class FailureReporter:
                 return found
             time.sleep(0.1)
 
-    def explained(self, exc: BaseException) -> BaseException:
+    def explained(self, exc: BaseException, where: str = "in hvdp's gradient reduction") -> BaseException:
         """``exc`` itself for a cause (after reporting it); for Horovod's shut-down, an exception
         of the same type whose message names the failed rank (elastic code catches by type)."""
         if not is_consequence(exc):
-            self.report(exc, "in hvdp's gradient reduction")
+            self.report(exc, where)
             return exc
         if getattr(exc, "_hvdp_explained", False):
             return exc
@@ -228,6 +230,17 @@ class FailureReporter:
             new = RuntimeError(msg)
         new._hvdp_explained = True
         return new
+
+    @contextmanager
+    def explaining(self, where: str = "in hvdp's gradient reduction") -> Iterator[None]:
+        """Report an error raised inside; re-raise Horovod's shut-down with its cause named."""
+        try:
+            yield
+        except Exception as e:
+            new = self.explained(e, where)
+            if new is e:
+                raise
+            raise new from e
 
     def install(self) -> None:
         """Report uncaught errors; explain an uncaught Horovod shut-down. Idempotent."""

@@ -105,6 +105,9 @@ class KerasState(ObjectState):
     def sync(self):
         self._ensure_built()
         self.reset()
+        red = self._reducer()
+        if red is not None and red.plan is not None:  # new workers may differ from the old ones
+            red.check_agreement()
         broadcast_variables(self._shared_variables(), root_rank=0)
         if self.sampler is not None:
             self.sampler.load_state_dict(_hvd.broadcast_object(self.sampler.state_dict(), root_rank=0))

@@ -15,6 +15,7 @@ from hvdp import codecs
 from hvdp.collectives import AVERAGE, SUM
 from hvdp.plan import CompressionPolicy
 
+from .agreement import REPORTER
 from .reducer import GradientReducer
 
 
@@ -112,6 +113,9 @@ def DistributedOptimizer(optimizer, name=None, compression="none", backward_pass
         optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
     reducer = _make_reducer(compression, policy, op, gradient_predivide_factor, sparse_as_dense,
                             process_set, "hvdp_residual")
+    reducer.settings.update(backward_passes_per_step=backward_passes_per_step,
+                            average_aggregated_gradients=average_aggregated_gradients)
+    REPORTER.install()  # needs the rank, so after hvd.init
     base = optimizer.__class__
     cls = type(base.__name__, (base,), {k: v for k, v in _Distributed.__dict__.items()
                                         if k not in ("__dict__", "__weakref__")})

@@ -7,6 +7,7 @@ from hvdp.plan import make_plan
 from hvdp.stats import WireStats, ring_allreduce_bytes, two_phase_bytes
 from hvdp.twophase import TwoPhaseReducer
 
+from .agreement import check_reducer
 from .comm import TFCollectives, op_name
 from .ops import TFOps
 
@@ -52,11 +53,13 @@ class GradientReducer:
         self.predivide, self.sparse_as_dense = predivide, sparse_as_dense
         self.comm = TFCollectives(process_set)
         self.prefix = prefix
+        self.settings = {}  # more that every rank must share (the optimizer's accumulation)
         self.plan = None
 
     def build(self, variables):
         if self.plan is not None:
             return
+        self.variables = list(variables)
         self.names = [getattr(v, "path", None) or v.name for v in variables]
         self.shapes = [tuple(v.shape) for v in variables]
         self.numels = [int(math.prod(v.shape)) for v in variables]
@@ -76,6 +79,12 @@ class GradientReducer:
                     c, padded = self.two_phase.layout(sum(self.numels[i] for i in idx))
                     ws.create(f"b{b}", padded)
                     ss.create(f"b{b}", c)
+        check_reducer(self, variables)
+
+    def check_agreement(self):
+        """Raise the same error on every rank unless all ranks reduce the same variables the
+        same way (run when built and after every elastic reset)."""
+        check_reducer(self, self.variables)
 
     def relayout(self):
         """After the number of workers changed: residual variables to the new layout (kept

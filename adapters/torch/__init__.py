@@ -14,6 +14,7 @@ from hvdp import __version__  # noqa: F401
 from hvdp.plan import CompressionPolicy  # noqa: F401
 from hvdp.join import JoinRefused  # noqa: F401
 
+from .agreement import broadcast_parameters  # noqa: F401  (checks the ranks agree first)
 from .checkpoint import load_checkpoint, save_checkpoint  # noqa: F401
 from .compression import Compression  # noqa: F401
 from .functions import broadcast_optimizer_state  # noqa: F401

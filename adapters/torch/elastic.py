@@ -76,6 +76,9 @@ class _OptimizerHandler(OptimizerStateHandler):
 
     def sync(self):
         self._clear()
+        check = getattr(self.value, "check_agreement", None)
+        if check is not None:  # new workers may differ from the old ones (versions, settings)
+            check()
         broadcast_optimizer_state(self.value, root_rank=0)
 
 

@@ -18,6 +18,7 @@ from hvdp.plan import CompressionPolicy, make_plan
 from hvdp.stats import WireStats, ring_allreduce_bytes
 from hvdp.twophase import TwoPhaseReducer
 
+from .agreement import REPORTER, check_optimizer
 from .comm import TorchCollectives
 from .compiled import CompiledCodec
 from .compression import Compression, resolve
@@ -63,7 +64,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._sparse_as_dense = sparse_as_dense
         self._comm = TorchCollectives(process_set)
         named = _named(self.param_groups, named_parameters)
-        names = {id(p): k for k, p in named}
+        names = self._all_names = {id(p): k for k, p in named}
         self._params = [p for g in self.param_groups for p in g["params"] if p.requires_grad]
         self._name = {p: names[id(p)] for p in self._params}
         self._groups = self._make_groups(groups)
@@ -93,6 +94,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._synchronized = False
         self._should_synchronize = True
         self._hooks = []
+        REPORTER.install()  # needs the rank, so after hvd.init
+        check_optimizer(self)
         # Like Horovod, a single worker skips the hooks, except that a real codec still applies
         # (so its effect can be seen and tested on one worker).
         if (self._comm.size > 1 or os.environ.get("HOROVOD_ELASTIC") == "1"
@@ -130,7 +133,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                  "to accumulate more passes locally")
         self._delay[p] -= 1
         if self._delay[p] == 0:
-            self._launch(p)
+            with REPORTER.explaining():  # once Horovod is down, launching fails first
+                self._launch(p)
 
     def _launch(self, p):
         if p.grad is None:
@@ -208,7 +212,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._synchronized = True
             return
         try:
-            self._synchronize()
+            # this rank's own error is reported to the others; Horovod's bare shut-down
+            # becomes the same exception type naming the rank that failed and why
+            with REPORTER.explaining():
+                self._synchronize()
         except BaseException:
             # a failed collective (a worker died: elastic reset) must not leave this step's
             # half-done reductions behind for the restored state to trip over
@@ -286,6 +293,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return super(self.__class__, self).zero_grad(set_to_none=set_to_none)
 
     # --- hvdp additions ---------------------------------------------------------------------
+    def check_agreement(self):
+        """Raise the same error on every rank unless all ranks reduce the same tensors the same
+        way (run at creation and after every elastic reset; ``HVDP_CHECK_AGREEMENT=0``: never)."""
+        check_optimizer(self)
+
     def compression_stats(self):
         """Bytes handed to collectives per step by codec vs a float32 ring (see WireStats)."""
         return dict(self.stats.summary(), codec=str(self._codec) if self._codec else "horovod",

@@ -1,0 +1,49 @@
+"""The ranks-agree check and failure reports on horovod.tensorflow; the logic is the core's
+(``hvdp.agreement``, ``hvdp.failures``), this file only supplies the collective and the variables."""
+import horovod
+import horovod.tensorflow as _hvd
+import numpy as np
+import tensorflow as tf
+
+from hvdp import __version__, agreement
+from hvdp.failures import FailureReporter
+
+VERSIONS = {"hvdp": __version__, "horovod": horovod.__version__}
+REPORTER = FailureReporter(_hvd.rank)
+
+
+def allgather_fixed(process_set=_hvd.global_process_set):
+    """``(data, name) -> [every rank's bytes]`` on Horovod's allgather (equal lengths), run
+    eagerly even while a train step is being traced (``tf.init_scope``)."""
+    def gather(data: bytes, name: str):
+        with tf.init_scope():
+            t = tf.constant(np.frombuffer(data, np.uint8).reshape(1, -1))
+            out = _hvd.allgather(t, name=name, process_set=process_set).numpy()
+        return [row.tobytes() for row in out]
+    return gather
+
+
+def variable_entries(variables, names):
+    return [(n, tuple(v.shape), str(getattr(v.dtype, "name", v.dtype)), bool(getattr(v, "trainable", True)))
+            for n, v in zip(names, variables)]
+
+
+def check_reducer(reducer, variables) -> None:
+    """Every rank's reducer must reduce the same variables the same way."""
+    if reducer.comm.size <= 1:
+        return
+    desc = agreement.describe(variable_entries(variables, reducer.names), reducer.plan.buckets, VERSIONS,
+                              compression=str(reducer.codec), policy=repr(reducer.policy), op=reducer.op,
+                              gradient_predivide_factor=reducer.predivide,
+                              sparse_as_dense=reducer.sparse_as_dense, size=reducer.comm.size,
+                              **reducer.settings)
+    agreement.check(desc, allgather_fixed(reducer.comm.process_set), "the DistributedOptimizer",
+                    what="variable", name="hvdp.agree.optimizer")
+
+
+def check_broadcast(variables, names, root_rank, process_set) -> None:
+    if process_set.size() <= 1:
+        return
+    desc = agreement.describe(variable_entries(variables, names), versions=VERSIONS, root_rank=root_rank)
+    agreement.check(desc, allgather_fixed(process_set), "the variables given to broadcast_variables",
+                    what="variable", name="hvdp.agree.broadcast")

@@ -1,0 +1,65 @@
+"""The ranks-agree check and failure reports on horovod.torch; the logic is the core's
+(``hvdp.agreement``, ``hvdp.failures``), this file only supplies the collective and the tensors."""
+import os
+
+import horovod
+import horovod.torch as _hvd
+import torch
+
+from hvdp import __version__, agreement
+from hvdp.failures import FailureReporter
+
+VERSIONS = {"hvdp": __version__, "horovod": horovod.__version__}
+# An elastic survivor resets at once: it does not wait for another rank's report.
+REPORTER = FailureReporter(_hvd.rank, wait_s=0.0 if os.environ.get("HOROVOD_ELASTIC") == "1" else 1.0)
+
+
+def allgather_fixed(process_set=_hvd.global_process_set):
+    """``(data, name) -> [every rank's bytes]`` on Horovod's allgather (equal lengths)."""
+    def gather(data: bytes, name: str):
+        t = torch.frombuffer(bytearray(data), dtype=torch.uint8).reshape(1, -1)
+        out = _hvd.allgather(t, name=name, process_set=process_set)
+        return [bytes(row.numpy().tobytes()) for row in out]
+    return gather
+
+
+def _entry(name, t):
+    return name, tuple(t.shape), str(t.dtype).replace("torch.", ""), bool(t.requires_grad)
+
+
+def check_optimizer(opt) -> None:
+    """Every rank's hvdp optimizer must reduce the same tensors the same way."""
+    if opt._comm.size <= 1:
+        return
+    tensors = [_entry(opt._all_names[id(p)], p) for g in opt.param_groups for p in g["params"]]
+    groups = sorted({tuple(opt._name[p] for p in g) for g in opt._groups.values()})
+    desc = agreement.describe(
+        tensors, opt._plan.buckets, VERSIONS,
+        compression=str(opt._codec) if opt._codec is not None else type(opt._hvd_compressor).__name__,
+        policy=repr(opt._policy), backward_passes_per_step=opt._bpps, op=opt._op,
+        gradient_predivide_factor=opt._predivide, sparse_as_dense=opt._sparse_as_dense,
+        groups=groups, size=opt._comm.size)
+    agreement.check(desc, allgather_fixed(opt._comm.process_set), "the DistributedOptimizer",
+                    name="hvdp.agree.optimizer")
+
+
+def broadcast_parameters(params, root_rank, process_set=_hvd.global_process_set):
+    """Horovod's ``broadcast_parameters``, after checking that every rank passes the same tensor
+    names, shapes and dtypes (a difference would hang or fail on one rank only)."""
+    if isinstance(params, dict):
+        items = sorted(params.items())
+    elif isinstance(params, list):
+        items = [p if isinstance(p, tuple) else (None, p) for p in params]
+    else:
+        raise ValueError(f"invalid params of type: {type(params).__name__}; pass model.state_dict(), "
+                         "list(model.named_parameters()) or list(model.parameters())")
+    if process_set.size() > 1:
+        desc = agreement.describe([(k if k is not None else f"#{i}", tuple(t.shape),
+                                    str(t.dtype).replace("torch.", ""), True)
+                                   for i, (k, t) in enumerate(items)], versions=VERSIONS,
+                                  root_rank=root_rank)
+        agreement.check(desc, allgather_fixed(process_set), "the tensors given to broadcast_parameters",
+                        what="tensor", name="hvdp.agree.broadcast")
+    handles = [_hvd.broadcast_async_(t, root_rank, name=k, process_set=process_set) for k, t in items]
+    for h in handles:
+        _hvd.synchronize(h)

@@ -1,0 +1,138 @@
+"""Ranks that disagree, or one that fails or stalls, end the job within seconds with a clear
+error on every rank (issue 12), over Gloo and MPI. horovodrun's own timeout is only a guard:
+each case must end well before it (``BOUND_S``)."""
+import json
+import os
+import re
+import time
+
+import pytest
+
+from conftest import CONTROLLERS, WORKERS, horovodrun
+
+pytestmark = pytest.mark.parallel
+
+GUARD_S = 150   # a hang fails here
+BOUND_S = 60    # start-up (imports, rendezvous) included; the failure itself takes seconds
+
+SAME = "the 2 ranks do not agree on"
+# case -> (the words every rank's error must contain); each rank's error must be the same text
+AGREEMENT = {
+    "wider_none": "parameter '0.weight' has shape [32, 2048] on rank 0 but [48, 2048] on rank 1",
+    "wider_int8": "parameter '0.weight' has shape [32, 2048] on rank 0 but [48, 2048] on rank 1",
+    "extra_none": "rank 1 has parameter '4.weight' [4, 4] float32 that rank 0 lacks",
+    "extra_int8": "rank 1 has parameter '4.weight' [4, 4] float32 that rank 0 lacks",
+    "codec": "compression is 'none' on rank 0 but 'int8(block_size=256)' on rank 1",
+    "bpps": "backward_passes_per_step is '1' on rank 0 but '2' on rank 1",
+    "policy": "policy is",
+    "broadcast": "rank 1 has tensor 'extra.weight' [3] float32 that rank 0 lacks",
+}
+
+
+def errors(out):
+    """{rank: (type, message)} from the workers' 'ERROR rank=<r> ... msg=<json>' lines."""
+    found = {}
+    for rank, after, tp, msg in re.findall(r'ERROR rank=(\d) after=(\S+)s type=(\S+) msg=("(?:[^"\\]|\\.)*")', out):
+        found[int(rank)] = (tp, json.loads(msg))
+        AFTER[int(rank)] = float(after)
+    return found
+
+
+AFTER = {}  # rank -> seconds from hvd.init() to its error, of the last case parsed
+
+
+def run_case(worker, case, controller, env=None):
+    AFTER.clear()
+    t0 = time.monotonic()
+    rc, out = horovodrun([os.path.join(WORKERS, worker), case], controller=controller,
+                         timeout=GUARD_S, env=env)
+    took = time.monotonic() - t0
+    errs = errors(out)
+    print(f"\nTIMING {worker} {case} {controller}: job {took:.1f}s (rc={rc}); from hvd.init() to "
+          f"the error: {', '.join(f'rank {r} {s:.2f}s' for r, s in sorted(AFTER.items()))}")
+    assert rc != 0, f"{case}: the job should fail\n{out[-3000:]}"
+    assert took < BOUND_S, f"{case}: took {took:.0f}s\n{out[-3000:]}"
+    return out, errs
+
+
+@pytest.mark.parametrize("controller", CONTROLLERS)
+@pytest.mark.parametrize("case", sorted(AGREEMENT))
+def test_torch_disagreement_same_clear_error_on_every_rank(case, controller):
+    out, errs = run_case("disagree_torch.py", case, controller)
+    assert set(errs) == {0, 1}, f"not every rank reported the error:\n{out[-4000:]}"
+    (t0, m0), (t1, m1) = errs[0], errs[1]
+    assert t0 == t1 == "DisagreementError" and m0 == m1, f"ranks differ:\n{m0}\n---\n{m1}"
+    assert SAME in m0 and AGREEMENT[case] in m0, m0
+
+
+@pytest.mark.parametrize("controller", CONTROLLERS)
+def test_torch_failure_in_reduction_is_named_on_the_other_rank(controller):
+    out, errs = run_case("disagree_torch.py", "fail_int8", controller)
+    assert errs.get(1, ("", ""))[1].startswith("injected failure"), out[-4000:]
+    assert 0 in errs, f"rank 0 printed no error:\n{out[-4000:]}"
+    tp, msg = errs[0]
+    assert tp == "HorovodInternalError", tp  # elastic code catches this type: it must stay
+    assert "rank 1 (host" in msg and "injected failure: rank 1's decoder broke" in msg, msg
+
+
+@pytest.mark.parametrize("controller", CONTROLLERS)
+def test_torch_rank_that_never_calls_step(controller):
+    out, errs = run_case("disagree_torch.py", "no_step", controller)
+    assert "more than backward_passes_per_step" in errs.get(1, ("", ""))[1] or \
+        "zero_grad() between loss.backward()" in errs.get(1, ("", ""))[1], out[-4000:]
+    assert 0 in errs and "rank 1 (host" in errs[0][1], out[-4000:]
+
+
+@pytest.mark.parametrize("controller", CONTROLLERS)
+def test_torch_rank_that_exits_early(controller):
+    out, errs = run_case("disagree_torch.py", "early_exit", controller)
+    assert "DONE rank=1" in out
+    assert 0 in errs and "no other rank reported an error" in errs[0][1], out[-4000:]
+
+
+# Measured here (Horovod 0.28.1): the stall inspector warns and shuts down over MPI, but over
+# Gloo it never fires (no warning, no shutdown; also with HOROVOD_CACHE_CAPACITY=0 and for a
+# tensor never seen before): the stalled rank is simply waited for. Strict: if a Horovod
+# release fixes it, this test says so.
+GLOO_STALL = pytest.mark.xfail(strict=True, reason="Horovod 0.28.1's stall inspector does not run over Gloo")
+
+
+@pytest.mark.parametrize("controller", [pytest.param("gloo", marks=GLOO_STALL), "mpi"])
+def test_torch_stall_ends_with_missing_rank_and_tensor(controller):
+    # rank 1 stalls for 40 s (a long evaluation on one rank); the inspector must end it at ~6 s
+    env = {"HOROVOD_STALL_CHECK_TIME_SECONDS": "2", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "5",
+           "STALL_S": "40"}
+    out, errs = run_case("disagree_torch.py", "stall", controller, env=env)
+    # Horovod's stall inspector on rank 0 (the coordinator) names the missing rank and tensors
+    assert "Missing ranks:" in out and "Will shutdown" in out, out[-4000:]
+    assert re.search(r"\b1!?: \[[^\]]*\d\.(weight|bias)", out), out[-4000:]
+    assert 0 in errs and "stall inspector" in errs[0][1], out[-4000:]
+
+
+KERAS = {
+    "wider_int8": "has shape [2048, 32] on rank 0 but [2048, 48] on rank 1",
+    "extra_none": "extra/kernel' [4, 4] float32 that rank 0 lacks",
+    "codec": "compression is 'none' on rank 0 but 'int8(block_size=256)' on rank 1",
+    "bpps": "backward_passes_per_step is '1' on rank 0 but '2' on rank 1",
+    "broadcast": "rank 1 has variable 'extra' [3] float32 that rank 0 lacks",
+}
+
+
+@pytest.mark.parametrize("controller", CONTROLLERS)
+@pytest.mark.parametrize("case", sorted(KERAS))
+def test_keras_disagreement_same_clear_error_on_every_rank(case, controller):
+    out, errs = run_case("disagree_keras.py", case, controller)
+    assert set(errs) == {0, 1}, f"not every rank reported the error:\n{out[-4000:]}"
+    (t0, m0), (t1, m1) = errs[0], errs[1]
+    assert t0 == t1 == "DisagreementError" and m0 == m1, f"ranks differ:\n{m0}\n---\n{m1}"
+    assert SAME in m0 and KERAS[case] in m0, m0
+
+
+@pytest.mark.parametrize("controller", CONTROLLERS)
+def test_keras_failure_on_one_rank_is_named_on_the_other(controller):
+    out, errs = run_case("disagree_keras.py", "fail_callback", controller)
+    assert errs.get(1, ("", ""))[1].startswith("injected failure"), out[-4000:]
+    # Keras raises Horovod's error from inside the train step: hvdp's exception hook adds the
+    # cause to rank 0's log (horovodrun tags the line "[0]<stderr>:" or "[1,0]<stderr>:")
+    assert re.search(r"\[(1,)?0\]<stderr>:\s*hvdp: rank 1 \(host \S+\) failed first", out), out[-4000:]
+    assert "injected failure: rank 1's callback broke" in out

@@ -1,0 +1,68 @@
+"""Keras version of disagree_torch.py: two ranks that differ in one detail, 3 steps of fit.
+
+Prints 'ERROR rank=<r> after=<s> type=<T> msg=<json>' for the exception that ends a rank and
+lets it propagate, or 'DONE rank=<r>'.
+"""
+import json
+import sys
+import time
+
+import keras
+import numpy as np
+
+import hvdp.keras as hvd
+
+
+def model_for(case, rank):
+    keras.utils.set_random_seed(0)
+    hidden = 48 if (case.startswith("wider") and rank == 1) else 32
+    layers = [keras.Input((2048,)), keras.layers.Dense(hidden, activation="tanh", name="hidden"),
+              keras.layers.Dense(4, name="out")]
+    if case.startswith("extra") and rank == 1:  # a layer built only on one rank
+        layers.append(keras.layers.Dense(4, name="extra"))
+    return keras.Sequential(layers)
+
+
+class FailOnRank1(keras.callbacks.Callback):
+    def on_train_batch_end(self, batch, logs=None):
+        if hvd.rank() == 1 and batch == 1:
+            raise ValueError("injected failure: rank 1's callback broke")
+
+
+def run(case, rank):
+    model = model_for(case, rank)
+    x = np.random.default_rng(0).standard_normal((24, 2048)).astype("float32")
+    y = np.arange(24) % 4
+    if case == "broadcast":
+        extra = [keras.Variable(np.zeros(3, "float32"), name="extra")] if rank == 1 else []
+        hvd.broadcast_variables(list(model.variables) + extra, root_rank=0)
+        return
+    kw = {"compression": "int8" if case.endswith("int8") else "none"}
+    if rank == 1 and case == "codec":
+        kw["compression"] = "int8"
+    if rank == 1 and case == "bpps":
+        kw["backward_passes_per_step"] = 2
+    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.1), **kw)
+    model.compile(optimizer=opt, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0,
+              callbacks=[FailOnRank1()] if case == "fail_callback" else [])
+
+
+def main():
+    case = sys.argv[1]
+    hvd.init()
+    rank = hvd.rank()
+    t0 = time.time()
+    try:
+        run(case, rank)
+    except Exception as e:
+        # one write, so that horovodrun's line tags cannot split it
+        sys.stdout.write(f"ERROR rank={rank} after={time.time() - t0:.2f}s type={type(e).__name__} "
+                         f"msg={json.dumps(str(e))}\n")
+        sys.stdout.flush()
+        raise
+    print(f"DONE rank={rank}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
