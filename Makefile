@@ -84,6 +84,8 @@ compat: setup
 	$(COMPAT_ENV)/bin/pip install --quiet --no-deps --no-build-isolation $(CURDIR)
 	cd /tmp && timeout 3600 $(COMPAT_ENV)/bin/python -m hvdp install-horovod --cpu \
 	    --cache-dir $(HVDP_CACHE)/wheels
+	cd /tmp && $(COMPAT_ENV)/bin/python -c 'import torch, horovod, hvdp; \
+	    print("compat: torch", torch.__version__, "| horovod", horovod.__version__, "| hvdp from", hvdp.__file__)'
 	$(COMPAT_ENV)/bin/python -m pytest -q -p no:cacheprovider tests/parallel/test_torch_parallel.py
 
 # Multi-host launch over real SSH between two loopback host names (root: sshd, /etc/hosts).
