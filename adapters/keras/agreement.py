@@ -1,5 +1,7 @@
 """The ranks-agree check and failure reports on horovod.tensorflow; the logic is the core's
 (``hvdp.agreement``, ``hvdp.failures``), this file only supplies the collective and the variables."""
+import os
+
 import horovod
 import horovod.tensorflow as _hvd
 import numpy as np
@@ -28,9 +30,13 @@ def variable_entries(variables, names):
             for n, v in zip(names, variables)]
 
 
-def check_reducer(reducer, variables) -> None:
-    """Every rank's reducer must reduce the same variables the same way."""
-    if reducer.comm.size <= 1:
+def check_reducer(reducer, variables, at_build: bool = False) -> None:
+    """Every rank's reducer must reduce the same variables the same way.
+
+    In an elastic job a worker that joins later builds its optimizer alone, so a check there
+    would wait for ranks that never come: there ``KerasState.sync`` (every rank) checks instead.
+    """
+    if reducer.comm.size <= 1 or (at_build and os.environ.get("HOROVOD_ELASTIC") == "1"):
         return
     desc = agreement.describe(variable_entries(variables, reducer.names), reducer.plan.buckets, VERSIONS,
                               compression=str(reducer.codec), policy=repr(reducer.policy), op=reducer.op,

@@ -79,7 +79,7 @@ class GradientReducer:
                     c, padded = self.two_phase.layout(sum(self.numels[i] for i in idx))
                     ws.create(f"b{b}", padded)
                     ss.create(f"b{b}", c)
-        check_reducer(self, variables)
+        check_reducer(self, variables, at_build=True)
 
     def check_agreement(self):
         """Raise the same error on every rank unless all ranks reduce the same variables the

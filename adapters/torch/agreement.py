@@ -27,9 +27,18 @@ def _entry(name, t):
     return name, tuple(t.shape), str(t.dtype).replace("torch.", ""), bool(t.requires_grad)
 
 
-def check_optimizer(opt) -> None:
-    """Every rank's hvdp optimizer must reduce the same tensors the same way."""
-    if opt._comm.size <= 1:
+def elastic() -> bool:
+    return os.environ.get("HOROVOD_ELASTIC") == "1"
+
+
+def check_optimizer(opt, at_creation: bool = False) -> None:
+    """Every rank's hvdp optimizer must reduce the same tensors the same way.
+
+    In an elastic job a worker that joins later makes its optimizer alone, so a check there
+    would wait for ranks that never come: there the state's ``sync`` (every rank, at the start
+    and after each reset) checks instead.
+    """
+    if opt._comm.size <= 1 or (at_creation and elastic()):
         return
     tensors = [_entry(opt._all_names[id(p)], p) for g in opt.param_groups for p in g["params"]]
     groups = sorted({tuple(opt._name[p] for p in g) for g in opt._groups.values()})

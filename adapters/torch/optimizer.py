@@ -95,7 +95,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._should_synchronize = True
         self._hooks = []
         REPORTER.install()  # needs the rank, so after hvd.init
-        check_optimizer(self)
+        check_optimizer(self, at_creation=True)
         # Like Horovod, a single worker skips the hooks, except that a real codec still applies
         # (so its effect can be seen and tested on one worker).
         if (self._comm.size > 1 or os.environ.get("HOROVOD_ELASTIC") == "1"
