@@ -6,6 +6,7 @@ import numpy as np
 from hvdp.checkpoint import atomic_save
 
 from .functions import broadcast_variables
+from .join import JoinCallback  # noqa: F401  (uneven shards in fit)
 
 
 def _set_lr(optimizer, lr):
@@ -29,11 +30,30 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         self.root_rank = root_rank
 
     def on_train_begin(self, logs=None):
+        _check_steps_agree(self.model, self.params)
         opt = self.model.optimizer
         if opt is not None and not opt.built:
             opt.build(self.model.trainable_variables)
         variables = list(self.model.variables) + (list(opt.variables) if opt is not None else [])
         broadcast_variables(variables, self.root_rank)
+
+
+def _check_steps_agree(model, params):
+    """Ranks with different numbers of steps per epoch would pair up different steps and hang
+    at the end: the same clear error on every rank instead (unless JoinCallback handles it)."""
+    if _hvd.size() <= 1 or getattr(model, "_hvdp_join_callback", False):
+        return
+    steps = (params or {}).get("steps")
+    mine = np.array([-1 if steps is None else int(steps)], np.int64)
+    every = _hvd.allgather(mine, name="hvdp.fit.steps").numpy().tolist()
+    if -1 in every or len(set(every)) == 1:
+        return
+    raise ValueError(f"model.fit runs a different number of steps per epoch on each rank "
+                     f"({', '.join(f'rank {r}: {s}' for r, s in enumerate(every))}): the ranks would "
+                     f"hang at the end of the epoch. Fix: pass steps_per_epoch={min(every)} to "
+                     f"model.fit on every rank (or shards of equal length), or put "
+                     f"hvd.callbacks.JoinCallback() first in callbacks (with "
+                     f"hvd.DistributedOptimizer(..., uneven_inputs=True) for int8/bf16/topk)")
 
 
 class MetricAverageCallback(keras.callbacks.Callback):

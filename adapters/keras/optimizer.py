@@ -16,6 +16,7 @@ from hvdp.collectives import AVERAGE, SUM
 from hvdp.plan import CompressionPolicy
 
 from .agreement import REPORTER
+from .join import OPTIMIZERS
 from .reducer import GradientReducer
 
 
@@ -89,12 +90,14 @@ def _make_reducer(compression, policy, op, gradient_predivide_factor, sparse_as_
 def DistributedOptimizer(optimizer, name=None, compression="none", backward_passes_per_step=1,
                          average_aggregated_gradients=False, op=_hvd.Average,
                          gradient_predivide_factor=1.0, sparse_as_dense=False,
-                         process_set=_hvd.global_process_set, policy=None):
+                         process_set=_hvd.global_process_set, policy=None, uneven_inputs=False):
     """Make a Keras 3 optimizer average gradients across workers before each update.
 
     ``compression``: "none", "fp16", "bf16", "int8", "topk", an ``hvd.Compression`` member or a
     codec. ``backward_passes_per_step=k`` accumulates k batches locally before one reduction
-    and update (``average_aggregated_gradients`` divides the sum by k).
+    and update (``average_aggregated_gradients`` divides the sum by k). ``uneven_inputs=True``:
+    ranks with fewer batches may call ``hvd.join()`` (or use ``hvd.callbacks.JoinCallback`` in
+    ``fit``) with any codec; one tiny allreduce per step says whether someone has joined.
 
     Example::
 
@@ -115,6 +118,8 @@ def DistributedOptimizer(optimizer, name=None, compression="none", backward_pass
                             process_set, "hvdp_residual")
     reducer.settings.update(backward_passes_per_step=backward_passes_per_step,
                             average_aggregated_gradients=average_aggregated_gradients)
+    reducer.uneven_inputs = bool(uneven_inputs)
+    reducer.settings.update(uneven_inputs=bool(uneven_inputs))  # checked: the same on every rank
     REPORTER.install()  # needs the rank, so after hvd.init
     base = optimizer.__class__
     cls = type(base.__name__, (base,), {k: v for k, v in _Distributed.__dict__.items()
@@ -124,6 +129,7 @@ def DistributedOptimizer(optimizer, name=None, compression="none", backward_pass
     optimizer._hvdp_k = backward_passes_per_step
     optimizer._hvdp_avg_agg = average_aggregated_gradients
     optimizer._hvdp_acc = []
+    OPTIMIZERS.add(optimizer)
     if optimizer.built:
         optimizer.build(optimizer._trainable_variables)
     return optimizer

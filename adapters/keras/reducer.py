@@ -3,12 +3,14 @@ import math
 
 import tensorflow as tf
 
+from hvdp.join import JoinableReducer
 from hvdp.plan import make_plan
 from hvdp.stats import WireStats, ring_allreduce_bytes, two_phase_bytes
 from hvdp.twophase import TwoPhaseReducer
 
 from .agreement import check_reducer
 from .comm import TFCollectives, op_name
+from .join import joined_cond
 from .ops import TFOps
 
 _OPS = TFOps()
@@ -54,6 +56,7 @@ class GradientReducer:
         self.comm = TFCollectives(process_set)
         self.prefix = prefix
         self.settings = {}  # more that every rank must share (the optimizer's accumulation)
+        self.uneven_inputs = False  # hvdp.join: switch two-phase buckets to allreduce when a rank joined
         self.plan = None
 
     def build(self, variables):
@@ -116,7 +119,8 @@ class GradientReducer:
                                         1.0 / self.predivide, self.predivide)
         return out if isinstance(out, tf.IndexedSlices) else tf.cast(out, g.dtype)
 
-    def _reduce(self, grads, compress):
+    def _reduce(self, grads, compress, two_phase=None):
+        two_phase = two_phase or self.two_phase
         out = list(grads)
         buckets = self.plan.buckets if compress else ()
         in_bucket = {i for idx in buckets for i in idx}
@@ -129,11 +133,11 @@ class GradientReducer:
                               for i in idx], axis=0)
             if self.predivide != 1.0:
                 flat = flat / self.predivide
-            pending.append(self.two_phase.start(f"b{b}", flat))
+            pending.append(two_phase.start(f"b{b}", flat))
         for p in pending:
-            self.two_phase.exchange(p)
+            two_phase.exchange(p)
         for p, idx in zip(pending, buckets):
-            parts = tf.split(self.two_phase.finish(p), [self.numels[i] for i in idx])
+            parts = tf.split(two_phase.finish(p), [self.numels[i] for i in idx])
             for i, part in zip(idx, parts):
                 out[i] = tf.cast(tf.reshape(part, self.shapes[i]), grads[i].dtype)
         return out
@@ -143,9 +147,16 @@ class GradientReducer:
         grads = [tf.zeros(s) if g is None else g for g, s in zip(grads, self.shapes)]
         warm = self.policy.warmup_steps
         if warm == 0 or step is None:
-            return self._reduce(grads, True)
-        return tf.cond(step >= warm, lambda: self._reduce(grads, True),
+            return self._reduce_compressed(grads)
+        return tf.cond(step >= warm, lambda: self._reduce_compressed(grads),
                        lambda: self._reduce(grads, False))
+
+    def _reduce_compressed(self, grads):
+        if not (self.uneven_inputs and self.two_phase is not None and self.plan.buckets):
+            return self._reduce(grads, True)
+        joined = JoinableReducer(self.two_phase, lambda: True)
+        return joined_cond(self.comm, lambda: self._reduce(grads, True),
+                           lambda: self._reduce(grads, True, joined))
 
     def stats(self):
         """Bytes per step, from the plan (every step hands the same buffers to the collectives)."""

@@ -47,7 +47,8 @@ def check_optimizer(opt, at_creation: bool = False) -> None:
         compression=str(opt._codec) if opt._codec is not None else type(opt._hvd_compressor).__name__,
         policy=repr(opt._policy), backward_passes_per_step=opt._bpps, op=opt._op,
         gradient_predivide_factor=opt._predivide, sparse_as_dense=opt._sparse_as_dense,
-        groups=groups, size=opt._comm.size)
+        groups=groups, size=opt._comm.size,
+        uneven_inputs=getattr(opt, "_join", None) is not None)  # hvdp.join's per-step control
     agreement.check(desc, allgather_fixed(opt._comm.process_set), "the DistributedOptimizer",
                     name="hvdp.agree.optimizer")
 

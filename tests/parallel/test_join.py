@@ -44,14 +44,22 @@ def test_torch_three_ranks_three_step_counts(controller):
     assert_all_ranks(out, rc, [f"join-{c}" for c in CODECS], 3)
 
 
-@pytest.mark.parametrize("controller", CONTROLLERS)
-def test_torch_join_without_opt_in_is_a_clear_error_on_every_rank(controller):
-    rc, out = job("join_torch.py", "5,4", "int8", "refuse", controller=controller)
+def assert_refused_on_every_rank(rc, out):
     assert rc != 0, out[-3000:]
     assert "Segmentation fault" not in out and "signal 11" not in out, out[-3000:]
     for rank in (0, 1):  # horovodrun prefixes each line with [rank] (Gloo) or [1,rank] (MPI)
         lines = [ln for ln in out.splitlines() if re.match(rf"\[(\d+,)?{rank}\]", ln)]
         assert any("uneven_inputs=True" in ln for ln in lines), f"rank {rank} did not say why:\n{out[-4000:]}"
+
+
+@pytest.mark.parametrize("controller", CONTROLLERS)
+def test_torch_join_without_opt_in_is_a_clear_error_on_every_rank(controller):
+    assert_refused_on_every_rank(*job("join_torch.py", "5,4", "int8", "refuse", controller=controller))
+
+
+@pytest.mark.parametrize("controller", CONTROLLERS)
+def test_keras_join_without_opt_in_is_a_clear_error_on_every_rank(controller):
+    assert_refused_on_every_rank(*job("join_keras.py", "5,4", "refuse", "int8", controller=controller))
 
 
 @pytest.mark.parametrize("controller", CONTROLLERS)

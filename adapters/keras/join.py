@@ -1,0 +1,117 @@
+"""``hvd.join()`` for hvdp's Keras optimizers, the in-graph join control, and ``JoinCallback``
+for ``model.fit`` with shards of different lengths. The rules are the core's (``hvdp.join``)."""
+import horovod.tensorflow as _hvd
+import keras
+import tensorflow as tf
+
+from hvdp.collectives import SUM
+from hvdp.join import CONTROL_NAME, JoinRefused, Registry, refusal
+
+from .functions import broadcast_variables
+
+OPTIMIZERS = Registry()  # every hvdp.keras DistributedOptimizer, in creation order
+
+
+_ONE = {}
+
+
+def _one():
+    """A 1 read from a variable: Horovod's allreduce op is not marked stateful, so TF's graph
+    optimizer would fold an allreduce of a constant into the value of its first run."""
+    if "v" not in _ONE:
+        with tf.init_scope():
+            _ONE["v"] = tf.Variable([1.0], trainable=False, name="hvdp_join_one")
+    return tf.convert_to_tensor(_ONE["v"])
+
+
+def _horovod_join() -> int:
+    """Horovod's join op, run in a new ``tf.function`` each time: the op has no input and is not
+    marked stateful, so TF reuses the result of the first eager call and a second ``join``
+    (the next epoch) would return at once, measured here with TF 2.21."""
+    return int(tf.function(lambda: _hvd.join())())
+
+
+def joined_cond(comm, all_active, some_joined):
+    """``all_active()`` unless some rank has joined, then ``some_joined()``: decided in the graph
+    from one allreduce of a 1 per rank (a joined rank adds the zero Horovod's join gives it)."""
+    active = comm.allreduce_async(_one(), CONTROL_NAME, SUM)
+    return tf.cond(active[0] > comm.size - 0.5, all_active, some_joined)
+
+
+def _uses_two_phase(reducer) -> bool:
+    return (reducer.plan is not None and reducer.two_phase is not None and bool(reducer.plan.buckets)
+            and reducer.comm.size > 1)
+
+
+def _refuse_unless_ready():
+    for opt in OPTIMIZERS.alive():
+        red = opt._hvdp
+        if _uses_two_phase(red) and not red.uneven_inputs:
+            raise JoinRefused(refusal(red.codec.name, "keras"))
+
+
+def join(extra_variables=()) -> int:
+    """Horovod's ``join`` (this rank has run out of data; the others go on; returns once every
+    rank has joined), made safe for hvdp's codecs.
+
+    Every hvdp optimizer's variables (and the trainable variables it updates, plus
+    ``extra_variables``) are then broadcast from the last rank to join, so all ranks are
+    identical. An optimizer with int8/bf16/topk buckets made without ``uneven_inputs=True``
+    makes this raise :class:`hvdp.join.JoinRefused`.
+
+    Example::
+
+        for xb, yb in my_shard:        # ranks have different numbers of batches
+            train_step(xb, yb)
+        hvd.join()
+
+    Returns:
+        the rank that joined last.
+    """
+    _refuse_unless_ready()
+    last = _horovod_join()
+    seen, variables = set(), []
+    for opt in OPTIMIZERS.alive():
+        if opt._hvdp.comm.process_set.process_set_id != 0 or not opt.built:
+            continue  # Horovod's join is global
+        for v in list(getattr(opt, "_trainable_variables", [])) + list(opt.variables) + list(extra_variables):
+            if id(v) not in seen:
+                seen.add(id(v))
+                variables.append(v)
+    if variables and _hvd.size() > 1:
+        broadcast_variables(variables, root_rank=last)
+    return last
+
+
+class JoinCallback(keras.callbacks.Callback):
+    """``model.fit`` on shards of different lengths: at the end of each epoch a rank joins, and
+    the ranks with more batches finish theirs; then model and optimizer are broadcast from the
+    last rank to join. Put it **first** in ``callbacks`` (before any callback that runs a
+    collective at the epoch's end, e.g. ``MetricAverageCallback``). With int8/bf16/topk, create
+    the optimizer with ``uneven_inputs=True``.
+
+    Example::
+
+        opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.01), compression="int8",
+                                       uneven_inputs=True)
+        model.fit(x[hvd.rank()::hvd.size()], y[hvd.rank()::hvd.size()],
+                  callbacks=[hvd.callbacks.JoinCallback(),
+                             hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+    """
+
+    def set_model(self, model):
+        super().set_model(model)
+        model._hvdp_join_callback = True  # BroadcastGlobalVariablesCallback then allows uneven steps
+
+    def on_train_begin(self, logs=None):
+        red = getattr(self.model.optimizer, "_hvdp", None)
+        if red is None:
+            raise ValueError("hvd.callbacks.JoinCallback needs the model compiled with an hvdp.keras "
+                             "DistributedOptimizer")
+        if not red.codec.summable and not red.uneven_inputs and red.comm.size > 1:
+            raise ValueError(f"hvd.callbacks.JoinCallback with {red.codec.name} compression needs the "
+                             "optimizer made with hvd.DistributedOptimizer(..., uneven_inputs=True) "
+                             "on every rank")
+
+    def on_epoch_end(self, epoch, logs=None):
+        join(extra_variables=self.model.variables)

@@ -1,0 +1,137 @@
+"""hvdp.keras with uneven inputs: rank r runs ``steps[r]`` steps, then ``hvd.join()``.
+
+Usage: join_keras.py STEPS MODE CODEC[,CODEC...]
+  MODE loop:    a custom tf.function loop + hvd.join(), against the replayed reference
+  MODE fit:     model.fit on shards of different lengths with hvd.callbacks.JoinCallback
+  MODE nojoin:  model.fit on such shards without it: the clear error on every rank
+  MODE refuse:  the custom loop without uneven_inputs: JoinRefused on the rank that joins first
+Prints 'CHECK join-<mode>-<codec> OK rank=<r> ...' per codec.
+"""
+import sys
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+import hvdp.keras as hvd
+
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+from join_reference import check_uneven_run  # noqa: E402
+
+LR = 0.1
+B = 8
+LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
+def make_model():
+    keras.utils.set_random_seed(0)
+    return keras.Sequential([keras.Input((20,)), keras.layers.Dense(64, activation="tanh"),
+                             keras.layers.Dense(3)])
+
+
+def shard(n_steps, rank):
+    rs = np.random.RandomState(1000 + rank)
+    return rs.randn(n_steps * B, 20).astype("float32"), rs.randint(0, 3, n_steps * B)
+
+
+def allgathered(a, name):
+    return hvd.allgather(tf.constant(np.asarray(a)[None]), name=name).numpy()
+
+
+def assert_identical(model, opt, tag):
+    for i, w in enumerate(model.get_weights() + [np.asarray(opt.iterations)]):
+        every = allgathered(w, f"join.ident.{tag}.{i}")
+        assert all(np.array_equal(every[0], e) for e in every), f"{tag}: variable {i} differs"
+
+
+def residuals(opt):
+    state = opt._hvdp.residual_state()
+    if state is None or not state["worker"]:
+        return None
+    return {k: {b: np.array(v) for b, v in state[k].items()} for k in ("worker", "server")}
+
+
+def run_loop(codec, steps, uneven_inputs=True):
+    rank, size = hvd.rank(), hvd.size()
+    model = make_model()
+    p0 = [w.copy() for w in model.get_weights()]
+    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(LR), compression=codec,
+                                   uneven_inputs=uneven_inputs)
+    variables = model.trainable_variables
+
+    @tf.function
+    def step(xb, yb):
+        with tf.GradientTape() as tape:
+            loss = LOSS(yb, model(xb, training=True))
+        grads = tape.gradient(loss, variables)
+        opt.apply(grads, variables)
+        return grads
+
+    x, y = shard(steps[rank], rank)
+    local, res_after = [], []
+    for t in range(steps[rank]):
+        local.append([g.numpy().copy() for g in step(x[t * B:(t + 1) * B], y[t * B:(t + 1) * B])])
+        res_after.append(residuals(opt))
+    last = hvd.join()
+    assert last == int(np.argmax(steps)), (last, steps)
+    assert_identical(model, opt, f"loop.{codec}")
+    assert int(opt.iterations) == max(steps), int(opt.iterations)
+
+    res = residuals(opt)
+    if res is not None:
+        for b in res["worker"]:
+            if steps[rank] < max(steps):
+                np.testing.assert_array_equal(res["worker"][b], res_after[-1]["worker"][b])
+            else:
+                assert not np.any(res["worker"][b]), f"{codec}: worker residual not flushed"
+            np.testing.assert_array_equal(res["server"][b], res_after[min(steps) - 1]["server"][b])
+
+    every_local = hvd.allgather_object(local, name=f"join.local.{codec}")
+    every_res = hvd.allgather_object(res, name=f"join.res.{codec}") if res is not None else None
+    final = model.get_weights()
+    err, bound = check_uneven_run(codec, every_local, steps, size, p0, final, LR, every_res,
+                                  [tuple(idx) for idx in opt._hvdp.plan.buckets])
+    print(f"CHECK join-loop-{codec} OK rank={rank} err={err:.3g} bound={bound:.3g}", flush=True)
+
+
+def run_fit(codec, steps, with_join=True, epochs=2):
+    rank = hvd.rank()
+    model = make_model()
+    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(LR, momentum=0.9), compression=codec,
+                                   uneven_inputs=True)
+    model.compile(optimizer=opt, loss=LOSS)
+    x, y = shard(steps[rank], rank)
+    callbacks = ([hvd.callbacks.JoinCallback()] if with_join else []) + [
+        hvd.callbacks.BroadcastGlobalVariablesCallback(0), hvd.callbacks.MetricAverageCallback()]
+    hist = model.fit(x, y, batch_size=B, epochs=epochs, shuffle=False, verbose=0, callbacks=callbacks)
+    assert_identical(model, opt, f"fit.{codec}")
+    assert int(opt.iterations) == epochs * max(steps), int(opt.iterations)
+    assert np.all(np.isfinite(hist.history["loss"]))
+    print(f"CHECK join-fit-{codec} OK rank={rank} iterations={int(opt.iterations)}", flush=True)
+
+
+def run_nojoin(codec, steps):
+    try:
+        run_fit(codec, steps, with_join=False)
+    except ValueError as e:
+        assert f"steps_per_epoch={min(steps)}" in str(e) and "JoinCallback" in str(e), str(e)
+        print(f"CHECK join-nojoin-{codec} OK rank={hvd.rank()}: {e}", flush=True)
+        return
+    raise AssertionError("uneven fit without JoinCallback was not refused")
+
+
+def run_refuse(codec, steps):
+    try:
+        run_loop(codec, steps, uneven_inputs=False)
+    except hvd.JoinRefused as e:
+        print(f"REFUSED rank={hvd.rank()}: {e}", flush=True)
+        raise
+
+
+if __name__ == "__main__":
+    hvd.init()
+    steps = [int(s) for s in sys.argv[1].split(",")]
+    assert len(steps) == hvd.size(), (steps, hvd.size())
+    mode = sys.argv[2]
+    for name in sys.argv[3].split(","):
+        {"loop": run_loop, "fit": run_fit, "nojoin": run_nojoin, "refuse": run_refuse}[mode](name, steps)
