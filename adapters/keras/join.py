@@ -44,8 +44,9 @@ def _uses_two_phase(reducer) -> bool:
 
 
 def _refuse_unless_ready():
-    for opt in OPTIMIZERS.alive():
-        red = opt._hvdp
+    from .optimizer import _TAPE_REDUCERS  # a tape has no uneven_inputs: its two-phase buckets refuse
+    reducers = [opt._hvdp for opt in OPTIMIZERS.alive()] + list(_TAPE_REDUCERS.values())
+    for red in reducers:
         if _uses_two_phase(red) and not red.uneven_inputs:
             raise JoinRefused(refusal(red.codec.name, "keras"))
 
