@@ -112,6 +112,41 @@ def framework_pitfalls(versions: dict, built_against: dict, loaded: dict) -> lis
     return out
 
 
+STALL_ADVICE = "HOROVOD_STALL_CHECK_TIME_SECONDS=60 HOROVOD_STALL_SHUTDOWN_TIME_SECONDS=600"
+
+
+def hang_settings(environ) -> tuple:
+    """(notes, problems) about what ends a job whose ranks stop agreeing: Horovod's stall
+    inspector and hvdp's ranks-agree check, read from the environment horovodrun passes on."""
+    notes, problems = [], []
+
+    def number(name, default):
+        try:
+            return float(environ.get(name, default))
+        except ValueError:
+            problems.append((f"{name}={environ[name]!r} is not a number", f"export {name}=<seconds>"))
+            return float(default)
+
+    check = number("HOROVOD_STALL_CHECK_TIME_SECONDS", 60)
+    shutdown = number("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", 0)
+    if environ.get("HOROVOD_STALL_CHECK_DISABLE", "0") not in ("", "0"):
+        problems.append(("HOROVOD_STALL_CHECK_DISABLE is set: a rank that stops submitting makes the "
+                         "others wait forever, with no warning", "unset it and export " + STALL_ADVICE))
+    elif shutdown <= 0:
+        notes.append("a rank that stops submitting (stuck evaluation, dead data loader) makes the others "
+                     f"wait forever: for production export {STALL_ADVICE} (shutdown above your longest "
+                     "pause that only some ranks take); Horovod 0.28.1's stall inspector acts over MPI "
+                     "only, not over Gloo")
+    elif shutdown < check:
+        problems.append((f"HOROVOD_STALL_SHUTDOWN_TIME_SECONDS={shutdown:g} is below "
+                         f"HOROVOD_STALL_CHECK_TIME_SECONDS={check:g}: Horovod then never shuts a stalled "
+                         "job down", "raise the shutdown time to at least the check time"))
+    if environ.get("HVDP_CHECK_AGREEMENT", "1").strip().lower() in ("0", "false", "no", "off"):
+        notes.append("HVDP_CHECK_AGREEMENT=0: ranks that differ in parameters or settings hang in "
+                     "their first step instead of failing at once with what differs")
+    return notes, problems
+
+
 def diagnose() -> dict:
     """Collect versions, build facts and pitfalls. Pure data; ``main`` prints it."""
     mpirun = shutil.which("mpirun")
@@ -165,6 +200,9 @@ def diagnose() -> dict:
     if os.geteuid() == 0:
         report.setdefault("notes", []).append(
             "running as root: Open MPI needs --allow-run-as-root (horovodrun passes it)")
+    stall_notes, stall_problems = hang_settings(os.environ)
+    report.setdefault("notes", []).extend(stall_notes)
+    pit.extend(stall_problems)
     ok = [fw for fw, info in frameworks.items() if info["ok"]]
     report["frameworks"] = {fw: frameworks[fw] for fw in ok}
     report["usable"] = bool(ok) and any(frameworks[f]["mpi"] or frameworks[f]["gloo"] for f in ok)

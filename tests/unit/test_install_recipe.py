@@ -121,15 +121,3 @@ def test_cache_key_names_versions_and_a_superset_wheel_serves(tmp_path):
                   facts(mpi="MPICH 4.1")):
         assert build.cached_wheel(str(tmp_path / "cache"), decide(other)) is None
 
-
-def test_doctor_names_a_framework_upgraded_after_the_build():
-    from hvdp.doctor import framework_pitfalls
-    versions = {"torch": "2.14.1+cu130", "tensorflow": "2.21.0"}
-    loaded = {"torch": {"ok": False, "error": "undefined symbol: _ZN3c10..."}, "tensorflow": {"ok": True}}
-    (problem, fix), = framework_pitfalls(versions, {"torch": "2.13.0+cpu", "tensorflow": "2.21.0"}, loaded)
-    assert "built against torch 2.13.0+cpu, but torch 2.14.1+cu130 is installed" in problem
-    assert "python -m hvdp install-horovod" in fix
-    (problem, fix), = framework_pitfalls(versions, {"tensorflow": "2.21.0"}, loaded)
-    assert "does not load" in problem and "built without torch" in fix
-    assert framework_pitfalls(versions, {"torch": "2.14.1", "tensorflow": "2.21.0"},
-                              {"torch": {"ok": True}, "tensorflow": {"ok": True}}) == []
