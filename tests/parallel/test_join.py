@@ -44,6 +44,12 @@ def test_torch_three_ranks_three_step_counts(controller):
     assert_all_ranks(out, rc, [f"join-{c}" for c in CODECS], 3)
 
 
+@pytest.mark.parametrize("controller", CONTROLLERS)
+def test_torch_optimizer_state_identical_after_join(controller):
+    rc, out = job("join_torch.py", "5,4", "int8,topk,none", "adam", controller=controller)
+    assert_all_ranks(out, rc, [f"join-adam-{c}" for c in ("int8", "topk", "none")], 2)
+
+
 def assert_refused_on_every_rank(rc, out):
     assert rc != 0, out[-3000:]
     assert "Segmentation fault" not in out and "signal 11" not in out, out[-3000:]

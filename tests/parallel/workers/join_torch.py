@@ -1,8 +1,9 @@
 """hvdp.torch with uneven inputs: rank r runs ``steps[r]`` steps, then ``hvd.join()``.
 
-Usage: join_torch.py STEPS CODEC[,CODEC...] [refuse]
+Usage: join_torch.py STEPS CODEC[,CODEC...] [refuse|adam]
   STEPS: per-rank step counts, e.g. 5,4 or 5,3,4.
   refuse: no ``uneven_inputs`` (expects JoinRefused on the rank that joins first).
+  adam: Adam with momentum state: after join the optimizer state is identical on every rank too.
 Prints 'CHECK join-<codec> OK rank=<r> err=... bound=...' per codec.
 """
 import sys
@@ -83,6 +84,31 @@ def refuse(codec, steps):
         raise
 
 
+def adam(codec, steps):
+    rank = hvd.rank()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(20, 64), torch.nn.Tanh(), torch.nn.Linear(64, 3))
+    opt = hvd.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=1e-3),
+                                   named_parameters=model.named_parameters(), compression=codec,
+                                   uneven_inputs=True)
+    g = torch.Generator().manual_seed(1000 + rank)
+    for _ in range(steps[rank]):
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(torch.randn(8, 20, generator=g)),
+                                          torch.randint(0, 3, (8,), generator=g)).backward()
+        opt.step()
+    before = [opt.state[p]["exp_avg"].clone() for p in model.parameters()]
+    hvd.join()
+    tensors = [p.detach() for p in model.parameters()] + [opt.state[p][k] for p in model.parameters()
+                                                          for k in ("exp_avg", "exp_avg_sq", "step")]
+    for i, t in enumerate(tensors):
+        every = hvd.allgather(t.reshape(1, -1).float(), name=f"join.adam.{codec}.{i}")
+        assert all(torch.equal(every[0], every[r]) for r in range(hvd.size())), f"{codec}: tensor {i} differs"
+    if steps[rank] < max(steps):  # the state really came from the last rank to join
+        assert not all(torch.equal(b, opt.state[p]["exp_avg"]) for b, p in zip(before, model.parameters()))
+    print(f"CHECK join-adam-{codec} OK rank={rank}", flush=True)
+
+
 if __name__ == "__main__":
     hvd.init()
     torch.set_num_threads(1)
@@ -91,5 +117,7 @@ if __name__ == "__main__":
     for name in sys.argv[2].split(","):
         if len(sys.argv) > 3 and sys.argv[3] == "refuse":
             refuse(name, steps)
+        elif len(sys.argv) > 3 and sys.argv[3] == "adam":
+            adam(name, steps)
         else:
             run(name, steps)
