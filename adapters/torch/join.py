@@ -20,16 +20,16 @@ class StepControl:
     is sent (or at the end of the step), so it overlaps the rest of backward.
     """
 
-    def __init__(self, comm):
-        self._comm = comm
-        self.reset()
+    def __init__(self, comm, device=None):
+        self._comm, self._device = comm, device  # the gradients' device: a joined rank makes
+        self.reset()                              # all its zeros on one device (its join's)
 
     def reset(self):
         self._flag, self._handle, self._joined = None, None, None
 
     def begin(self):
         if self._handle is None and self._joined is None and self._comm.size > 1:
-            self._flag = torch.ones(1)
+            self._flag = torch.ones(1, device=self._device)
             self._handle = _hvd.allreduce_async_(self._flag, name=CONTROL_NAME, op=_hvd.Sum,
                                                  process_set=self._comm.process_set)
 
@@ -84,6 +84,10 @@ def join(device: int = -1) -> int:
             ...; opt.step()
         hvd.join()                      # then all ranks hold the same model
 
+    Args:
+        device: where this rank makes its zero contributions (Horovod's argument); by default the
+            CUDA device of the optimizers' parameters if they are on one, else the CPU.
+
     Returns:
         the rank that joined last.
     """
@@ -91,6 +95,8 @@ def join(device: int = -1) -> int:
     for opt in opts:
         if opt._join is None and _uses_two_phase(opt):
             raise JoinRefused(refusal(opt._codec.name, "torch"))
+    if device == -1:  # Horovod's default is the CPU; the zeros must be where the gradients are
+        device = next((p.device.index for o in opts for p in o._params if p.device.type == "cuda"), -1)
     last = int(_hvd.join(device))
     for opt in opts:  # Horovod's join is global: a process set's ranks are not these ranks
         if opt._comm.size > 1 and opt._comm.process_set.process_set_id == 0:

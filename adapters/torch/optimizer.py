@@ -80,7 +80,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                         self.stats) if two_phase else None
         # uneven inputs (hvdp.join): a per-step "has anyone joined?", and buckets that switch to
         # an allreduce in such a step
-        self._join = StepControl(self._comm) if (uneven_inputs and self._reducer is not None) else None
+        self._join = (StepControl(self._comm, self._params[0].device if self._params else None)
+                      if (uneven_inputs and self._reducer is not None) else None)
         if self._join is not None:
             self._reducer = JoinableReducer(self._reducer, self._join.joined)
         OPTIMIZERS.add(self)
