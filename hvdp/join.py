@@ -45,7 +45,7 @@ class JoinRefused(RuntimeError):
 
 def refusal(codec_name: str, adapter: str) -> str:
     """The message of :class:`JoinRefused`: what happened and the two ways out."""
-    extra = (" and add hvd.callbacks.JoinCallback() (first in callbacks) to model.fit"
+    extra = (" and add hvd.callbacks.JoinCallback() to model.fit's callbacks"
              if adapter == "keras" else "")
     return (f"hvd.join() was called (this rank ran out of data) while the DistributedOptimizer uses "
             f"{codec_name} compression, which reduces over alltoall/allgather: Horovod's join does "

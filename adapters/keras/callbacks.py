@@ -51,8 +51,8 @@ def _check_steps_agree(model, params):
     raise ValueError(f"model.fit runs a different number of steps per epoch on each rank "
                      f"({', '.join(f'rank {r}: {s}' for r, s in enumerate(every))}): the ranks would "
                      f"hang at the end of the epoch. Fix: pass steps_per_epoch={min(every)} to "
-                     f"model.fit on every rank (or shards of equal length), or put "
-                     f"hvd.callbacks.JoinCallback() first in callbacks (with "
+                     f"model.fit on every rank (or shards of equal length), or add "
+                     f"hvd.callbacks.JoinCallback() to callbacks (with "
                      f"hvd.DistributedOptimizer(..., uneven_inputs=True) for int8/bf16/topk)")
 
 

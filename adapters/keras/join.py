@@ -85,11 +85,13 @@ def join(extra_variables=()) -> int:
 
 
 class JoinCallback(keras.callbacks.Callback):
-    """``model.fit`` on shards of different lengths: at the end of each epoch a rank joins, and
-    the ranks with more batches finish theirs; then model and optimizer are broadcast from the
-    last rank to join. Put it **first** in ``callbacks`` (before any callback that runs a
-    collective at the epoch's end, e.g. ``MetricAverageCallback``). With int8/bf16/topk, create
-    the optimizer with ``uneven_inputs=True``.
+    """``model.fit`` on shards of different lengths: after its last batch of each epoch a rank
+    joins, and the ranks with more batches finish theirs; then model and optimizer are broadcast
+    from the last rank to join. It joins at the last batch's end, before validation and before
+    any callback's ``on_epoch_end`` (``MetricAverageCallback``'s allreduce), so its place in the
+    list does not matter; only when fit cannot tell the number of steps (a dataset of unknown
+    length) does it join at ``on_epoch_end``, and must then come first. With int8/bf16/topk,
+    create the optimizer with ``uneven_inputs=True``.
 
     Example::
 
@@ -114,5 +116,18 @@ class JoinCallback(keras.callbacks.Callback):
                              "optimizer made with hvd.DistributedOptimizer(..., uneven_inputs=True) "
                              "on every rank")
 
+    def on_epoch_begin(self, epoch, logs=None):
+        self._joined = False
+
+    def _join(self):
+        if not self._joined:
+            self._joined = True
+            join(extra_variables=self.model.variables)
+
+    def on_train_batch_end(self, batch, logs=None):
+        steps = (self.params or {}).get("steps")
+        if steps and batch + 1 >= steps:
+            self._join()
+
     def on_epoch_end(self, epoch, logs=None):
-        join(extra_variables=self.model.variables)
+        self._join()

@@ -101,9 +101,11 @@ def run_fit(codec, steps, with_join=True, epochs=2):
                                    uneven_inputs=True)
     model.compile(optimizer=opt, loss=LOSS)
     x, y = shard(steps[rank], rank)
-    callbacks = ([hvd.callbacks.JoinCallback()] if with_join else []) + [
-        hvd.callbacks.BroadcastGlobalVariablesCallback(0), hvd.callbacks.MetricAverageCallback()]
-    hist = model.fit(x, y, batch_size=B, epochs=epochs, shuffle=False, verbose=0, callbacks=callbacks)
+    # JoinCallback last: it joins after the last batch, before MetricAverageCallback's allreduce
+    callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0), hvd.callbacks.MetricAverageCallback()] + (
+        [hvd.callbacks.JoinCallback()] if with_join else [])
+    hist = model.fit(x, y, batch_size=B, epochs=epochs, shuffle=False, verbose=0, callbacks=callbacks,
+                     validation_data=(x[:B], y[:B]))
     assert_identical(model, opt, f"fit.{codec}")
     assert int(opt.iterations) == epochs * max(steps), int(opt.iterations)
     assert np.all(np.isfinite(hist.history["loss"]))
