@@ -9,6 +9,8 @@ import torch
 from hvdp import __version__, agreement
 from hvdp.failures import FailureReporter
 
+from .tensors import broadcast_
+
 VERSIONS = {"hvdp": __version__, "horovod": horovod.__version__}
 # An elastic survivor resets at once: it does not wait for another rank's report.
 REPORTER = FailureReporter(_hvd.rank, wait_s=0.0 if os.environ.get("HOROVOD_ELASTIC") == "1" else 1.0)
@@ -48,6 +50,7 @@ def check_optimizer(opt, at_creation: bool = False) -> None:
         policy=repr(opt._policy), backward_passes_per_step=opt._bpps, op=opt._op,
         gradient_predivide_factor=opt._predivide, sparse_as_dense=opt._sparse_as_dense,
         groups=groups, size=opt._comm.size,
+        instance=opt._instance,  # its collectives' names: optimizers made in another order hang
         uneven_inputs=getattr(opt, "_join", None) is not None)  # hvdp.join's per-step control
     agreement.check(desc, allgather_fixed(opt._comm.process_set), "the DistributedOptimizer",
                     name="hvdp.agree.optimizer")
@@ -70,6 +73,4 @@ def broadcast_parameters(params, root_rank, process_set=_hvd.global_process_set)
                                   root_rank=root_rank)
         agreement.check(desc, allgather_fixed(process_set), "the tensors given to broadcast_parameters",
                         what="tensor", name="hvdp.agree.broadcast")
-    handles = [_hvd.broadcast_async_(t, root_rank, name=k, process_set=process_set) for k, t in items]
-    for h in handles:
-        _hvd.synchronize(h)
+    broadcast_(items, root_rank, process_set)  # any dtype (bf16) and layout (channels_last)

@@ -1,23 +1,41 @@
 """hvdp's collectives protocol (``hvdp.collectives``) on horovod.torch's async ops."""
+import itertools
+from collections import defaultdict
+from typing import Dict, Iterator
+
 import horovod.torch as _hvd
 
 from hvdp.collectives import AVERAGE, ProcessSetCollectives
 
+# Horovod refuses a second tensor under a name still in flight, so each optimizer's collectives
+# carry its number in creation order per process set: the same on every rank of the set (every
+# rank makes its optimizers in the same order; the ranks-agree check compares the number).
+_COUNTERS: Dict[int, Iterator[int]] = defaultdict(itertools.count)
+
+
+def next_instance(process_set=_hvd.global_process_set) -> int:
+    """The next optimizer number on ``process_set`` (0, 1, ... in creation order)."""
+    return next(_COUNTERS[getattr(process_set, "process_set_id", None) or 0])
+
 
 class TorchCollectives(ProcessSetCollectives):
-    def __init__(self, process_set=_hvd.global_process_set):
+    """``scope`` prefixes every collective name, so two reducers can be in flight together."""
+
+    def __init__(self, process_set=_hvd.global_process_set, scope: str = ""):
         super().__init__(process_set)
+        self.scope = scope
 
     def allreduce_async(self, x, name, op, prescale=1.0, postscale=1.0):
-        return _hvd.allreduce_async_(x, name=name, op=_hvd.Average if op == AVERAGE else _hvd.Sum,
+        return _hvd.allreduce_async_(x, name=self.scope + name,
+                                     op=_hvd.Average if op == AVERAGE else _hvd.Sum,
                                      prescale_factor=prescale, postscale_factor=postscale,
                                      process_set=self.process_set)
 
     def alltoall_async(self, buf, name):
-        return _hvd.alltoall_async(buf, name=name, process_set=self.process_set)
+        return _hvd.alltoall_async(buf, name=self.scope + name, process_set=self.process_set)
 
     def allgather_async(self, buf, name):
-        return _hvd.allgather_async(buf, name=name, process_set=self.process_set)
+        return _hvd.allgather_async(buf, name=self.scope + name, process_set=self.process_set)
 
     def wait(self, handle):
         out = _hvd.synchronize(handle)

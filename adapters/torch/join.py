@@ -30,7 +30,9 @@ class StepControl:
     def begin(self):
         if self._handle is None and self._joined is None and self._comm.size > 1:
             self._flag = torch.ones(1, device=self._device)
-            self._handle = _hvd.allreduce_async_(self._flag, name=CONTROL_NAME, op=_hvd.Sum,
+            # scoped per optimizer: two optimizers' controls may be in flight together
+            self._handle = _hvd.allreduce_async_(self._flag, name=self._comm.scope + CONTROL_NAME,
+                                                 op=_hvd.Sum,
                                                  process_set=self._comm.process_set)
 
     def joined(self) -> bool:

@@ -19,11 +19,12 @@ from hvdp.stats import WireStats, ring_allreduce_bytes
 from hvdp.twophase import TwoPhaseReducer
 
 from .agreement import REPORTER, check_optimizer
-from .comm import TorchCollectives
+from .comm import TorchCollectives, next_instance
 from .compiled import CompiledCodec
 from .compression import Compression, resolve
 from .join import OPTIMIZERS, StepControl
 from .ops import TorchOps
+from .tensors import SUMMABLE, for_sum, write_back
 
 _OPS = TorchOps()
 
@@ -62,7 +63,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._op = SUM if op == _hvd.Sum else AVERAGE
         self._predivide = gradient_predivide_factor
         self._sparse_as_dense = sparse_as_dense
-        self._comm = TorchCollectives(process_set)
+        self._instance = next_instance(process_set)
+        self._comm = TorchCollectives(process_set, scope=f"hvdp.opt{self._instance}.")
         named = _named(self.param_groups, named_parameters)
         names = self._all_names = {id(p): k for k, p in named}
         self._params = [p for g in self.param_groups for p in g["params"] if p.requires_grad]
@@ -72,6 +74,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._plan = make_plan([self._name[p] for p in self._params], [p.numel() for p in self._params],
                                [p.is_floating_point() for p in self._params], policy, two_phase)
         self._bucket_of = {self._params[i]: b for b, idx in enumerate(self._plan.buckets) for i in idx}
+        # while compressing, a group's bucketed members go with their bucket: the group is the
+        # rest (waiting for all its members would leave the plain ones unreduced)
+        self._plain_groups = {p: tuple(q for q in g if q not in self._bucket_of)
+                              for p, g in self._groups.items() if p not in self._bucket_of}
         ef = policy.error_feedback if policy.error_feedback is not None else \
             (codec.error_feedback_default if codec is not None else False)
         self.stats = WireStats()
@@ -147,12 +153,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 self._start_bucket(b)
             return
         if p.grad.is_sparse and not self._sparse_as_dense:
-            h = _hvd.sparse_allreduce_async(p.grad, name=self._name[p],
+            g = p.grad if p.grad.dtype in SUMMABLE else p.grad.float()  # bf16: as float32
+            h = _hvd.sparse_allreduce_async(g, name=self._comm.scope + self._name[p],
                                             op=_hvd.Sum if self._op == SUM else _hvd.Average,
                                             process_set=self._comm.process_set)
             self._handles[p] = (h, "sparse")
             return
-        group = self._groups.get(p)
+        group = (self._plain_groups if self._compressing() else self._groups).get(p)
         if group is None:
             self._handles[p] = self._allreduce_plain([p])[0]
             return
@@ -171,7 +178,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         pre, post = 1.0 / self._predivide, self._predivide
         codec = self._codec if (self._codec is not None and self._codec.summable
                                 and self._compressing()) else Compression.none
-        out, tensors = [], []
+        out, tensors, sent = [], [], []
         for p in ps:
             g = self._dense_grad(p)
             if self._hvd_compressor is not None:
@@ -180,7 +187,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 t, ctx = g.to(getattr(torch, codec.wire_dtype)), g.dtype
             else:
                 t, ctx = g, None
-            tensors.append(t)
+            # Horovod sums contiguous tensors of a few dtypes only: a bf16 or channels_last /
+            # transposed tensor goes through a stand-in, written back after the reduction
+            tensors.append(for_sum(t))
+            sent.append(t)
             out.append(ctx)
             self.stats.record(codec.name if self._hvd_compressor is None else "horovod",
                               g.numel(), t.numel() * t.element_size(),
@@ -188,10 +198,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                               ring_allreduce_bytes(4 * g.numel(), self._comm.size))
         op = _hvd.Sum if self._op == SUM else _hvd.Average
         ps_kw = dict(op=op, prescale_factor=pre, postscale_factor=post, process_set=self._comm.process_set)
+        name = self._comm.scope + ("group." if len(ps) > 1 else "") + self._name[ps[0]]
         if len(ps) > 1:
-            hs = _hvd.grouped_allreduce_async_(tensors, name=f"hvdp.group.{self._name[ps[0]]}", **ps_kw)
-            return [((hs, t), ctx) for t, ctx in zip(tensors, out)]
-        return [((_hvd.allreduce_async_(tensors[0], name=self._name[ps[0]], **ps_kw), tensors[0]), out[0])]
+            hs = _hvd.grouped_allreduce_async_(tensors, name=name, **ps_kw)
+            return [((hs, s, t), ctx) for s, t, ctx in zip(tensors, sent, out)]
+        return [((_hvd.allreduce_async_(tensors[0], name=name, **ps_kw), tensors[0], sent[0]), out[0])]
 
     def _start_bucket(self, b):
         for i in self._plan.buckets[b]:
@@ -245,12 +256,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         waited = set()  # a grouped allreduce has one handle for all its tensors
         for p, (h, ctx) in self._handles.items():
             if ctx == "sparse":  # Horovod's sparse allreduce hands back a function to call
-                p.grad = h() if callable(h) else _hvd.synchronize(h)
+                p.grad = (h() if callable(h) else _hvd.synchronize(h)).to(p.grad.dtype)
                 continue
-            handle, t = h
+            handle, s, t = h
             if id(handle) not in waited:
                 waited.add(id(handle))
                 _hvd.synchronize(handle)
+            write_back(t, s)  # the stand-in's sum into the tensor that was compressed
             if self._hvd_compressor is not None:
                 p.grad.copy_(self._hvd_compressor.decompress(t, ctx))
             elif t is not p.grad:

@@ -1,0 +1,218 @@
+"""What a demanding torch user does (issue 18), under real workers: two optimizers in flight,
+bfloat16 models, non-contiguous parameters, requires_grad changed after the optimizer was made.
+Each rank runs the named checks and prints 'CHECK <name> OK rank=<r>'; a failure raises."""
+import copy
+import sys
+
+import torch
+
+import hvdp.torch as hvd
+
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+from reduction_bounds import check_reduced  # noqa: E402
+
+CODECS = ["none", "fp16", "bf16", "int8", "topk"]
+BF16_REL = 2.0 ** -8  # one rounding to bfloat16 (8 significant bits): at most half an ulp <= 2^-8 |x|
+ce = torch.nn.functional.cross_entropy
+
+
+def mlp(seed):
+    torch.manual_seed(seed)
+    # 1280 weights: a compressed bucket under the default policy; biases and 192: plain allreduce
+    return torch.nn.Sequential(torch.nn.Linear(20, 64), torch.nn.Tanh(), torch.nn.Linear(64, 3))
+
+
+def data(n=32, seed=1234):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, 20, generator=g), torch.randint(0, 3, (n,), generator=g)
+
+
+def my_slice(n):
+    per = n // hvd.size()
+    return slice(hvd.rank() * per, (hvd.rank() + 1) * per)
+
+
+def gathered(t, name):
+    """Every rank's copy of ``t`` (float64), stacked."""
+    return hvd.allgather(t.detach().double().reshape(1, -1).contiguous(), name=name)
+
+
+def ranks_identical(tensors, tag):
+    for i, t in enumerate(tensors):
+        allt = gathered(t, f"{tag}.ident.{i}")
+        assert torch.equal(allt[0], allt[-1]), f"{tag}: tensor {i} differs between ranks"
+
+
+def assert_reduced(codec, opt, locals_, got, tag):
+    """``got`` (reduced gradients) against the exact average of every rank's ``locals_``."""
+    everyone = [gathered(g, f"{tag}.loc.{i}") for i, g in enumerate(locals_)]
+    if codec == "none":
+        for i, (e, g) in enumerate(zip(everyone, got)):
+            err = (g.double().reshape(-1) - e.mean(0)).abs().max().item()
+            assert err <= 1e-6, f"{tag}: tensor {i} off the exact average by {err:.3g}"
+        return
+    per_rank = [[e[r].float().numpy() for e in everyone] for r in range(hvd.size())]
+    check_reduced(codec, per_rank, [g.detach().float().reshape(-1).numpy() for g in got],
+                  opt._plan.buckets)
+
+
+# --- row 3: two optimizers in flight ----------------------------------------------------------
+def check_two_optimizers():
+    """GAN-style: two models, two hvdp optimizers, one backward, both stepped. The models are the
+    same architecture, so their parameter names collide unless the optimizers scope them."""
+    x, y = data()
+    sl = my_slice(len(x))
+    for codec in CODECS:
+        for named in (True, False):
+            models = [mlp(seed=5), mlp(seed=6)]
+            opts = [hvd.DistributedOptimizer(
+                torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9),
+                named_parameters=m.named_parameters() if named else None, compression=codec,
+                policy=hvd.CompressionPolicy(min_elements=1)) for m in models]
+            tag = f"two.{codec}.{named}"
+            for step in range(3):
+                twins = [copy.deepcopy(m) for m in models]
+                (ce(twins[0](x[sl]), y[sl]) + ce(twins[1](2 * x[sl]), y[sl])).backward()
+                for o in opts:
+                    o.zero_grad()
+                (ce(models[0](x[sl]), y[sl]) + ce(models[1](2 * x[sl]), y[sl])).backward()
+                for o in opts:
+                    o.synchronize()
+                if step == 0:  # later steps carry error-feedback residuals: no closed-form bound
+                    for k, (m, t, o) in enumerate(zip(models, twins, opts)):
+                        assert_reduced(codec, o, [q.grad for q in t.parameters()],
+                                       [p.grad for p in m.parameters()], f"{tag}.{k}")
+                for o in opts:
+                    with o.skip_synchronize():
+                        o.step()
+            for k, m in enumerate(models):
+                ranks_identical(list(m.parameters()), f"{tag}.{k}")
+
+
+# --- row 2: bfloat16 models -------------------------------------------------------------------
+def check_bf16():
+    """A bf16 model reduces like a float32 copy of it fed the same gradients, then rounded to
+    bf16: on the plain, grouped and two-phase paths, every codec."""
+    x, y = data()
+    sl = my_slice(len(x))
+    for codec in CODECS:
+        for groups in (0, 2):
+            tag = f"bf16.{codec}.{groups}"
+            m16 = mlp(seed=7).to(torch.bfloat16)
+            m32, twin = copy.deepcopy(m16).float(), copy.deepcopy(m16)
+            opts = [hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9),
+                                             named_parameters=m.named_parameters(), compression=codec,
+                                             groups=groups or None)
+                    for m in (m16, m32)]
+            assert opts[0]._plan.buckets or codec in ("none", "fp16"), "no two-phase bucket tested"
+            ce(twin(x[sl].bfloat16()), y[sl]).backward()
+            ce(m16(x[sl].bfloat16()), y[sl]).backward()  # through the hooks, as in training
+            for p, q in zip(m32.parameters(), twin.parameters()):
+                p.grad = q.grad.float()
+            for o in opts:
+                o.synchronize()
+            for (k, p16), p32 in zip(m16.named_parameters(), m32.parameters()):
+                assert p16.grad.dtype == torch.bfloat16, (tag, k)
+                err = (p16.grad.float() - p32.grad).abs()
+                assert bool((err <= BF16_REL * p32.grad.abs()).all()), \
+                    f"{tag} {k}: max |bf16 - float32| {err.max().item():.3g}"
+            for o in opts:
+                with o.skip_synchronize():
+                    o.step()
+            for (k, p16), p32 in zip(m16.named_parameters(), m32.parameters()):
+                # each the same SGD step; bf16 rounds the gradient (above) and the new value
+                bound = BF16_REL * (p32.abs() + 0.1 * p32.grad.abs()) * 1.01
+                err = (p16.float() - p32).abs()
+                assert bool((err <= bound).all()), f"{tag} {k}: step off by {err.max().item():.3g}"
+            ranks_identical(list(m16.parameters()), tag)
+    _check_bf16_broadcast()
+
+
+def _check_bf16_broadcast():
+    x, y = data()
+    model = mlp(seed=100 + hvd.rank()).to(torch.bfloat16)  # different weights on every rank
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    ce(model(x[my_slice(len(x))].bfloat16()), y[my_slice(len(x))]).backward()
+    sgd.step()  # bf16 momentum buffers, different on every rank
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(sgd, root_rank=0)
+    ranks_identical(list(model.parameters()), "bf16.bcast.params")
+    ranks_identical([sgd.state[p]["momentum_buffer"] for p in model.parameters()], "bf16.bcast.sgd")
+    # a fresh hvdp Adam: the broadcast creates its (bf16) state first
+    adam = hvd.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=1e-3),
+                                    named_parameters=model.named_parameters(), compression="int8")
+    hvd.broadcast_optimizer_state(adam, root_rank=0)
+    st = [adam.state[p]["exp_avg"] for p in model.parameters()]
+    assert all(s.dtype == torch.bfloat16 for s in st)
+    ranks_identical(st, "bf16.bcast.adam")
+
+
+# --- row 6: non-contiguous gradients ----------------------------------------------------------
+class Strided(torch.nn.Module):
+    """channels_last convolutions and transposed matrices: every weight's gradient is
+    non-contiguous (torch gives a gradient its parameter's strides). conv1 and w are over 1024
+    elements (a compressed bucket), conv0 and v under (plain allreduce)."""
+
+    def __init__(self, seed):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.conv0 = torch.nn.Conv2d(3, 4, 3).to(memory_format=torch.channels_last)
+        self.conv1 = torch.nn.Conv2d(4, 40, 3).to(memory_format=torch.channels_last)
+        self.w = torch.nn.Parameter(0.2 * torch.randn(30, 40).t())
+        self.v = torch.nn.Parameter(0.2 * torch.randn(3, 30).t())
+
+    def forward(self, x):
+        h = torch.tanh(self.conv1(torch.tanh(self.conv0(x)))).mean((-1, -2))
+        return torch.tanh(h @ self.w) @ self.v
+
+
+def strided_data(n=16):
+    g = torch.Generator().manual_seed(99)
+    x = torch.randn(n, 3, 8, 8, generator=g).contiguous(memory_format=torch.channels_last)
+    return x, torch.randint(0, 3, (n,), generator=g)
+
+
+def check_noncontiguous():
+    x, y = strided_data()
+    sl = my_slice(len(x))
+    for codec in CODECS:
+        for groups in (0, 2):
+            tag = f"nc.{codec}.{groups}"
+            model, twin = Strided(seed=3), Strided(seed=3)
+            opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                           named_parameters=model.named_parameters(),
+                                           compression=codec, groups=groups or None)
+            ce(twin(x[sl]), y[sl]).backward()
+            weights = [twin.conv0.weight, twin.conv1.weight, twin.w, twin.v]
+            assert not any(q.grad.is_contiguous() for q in weights), "the gradients are contiguous"
+            ce(model(x[sl]), y[sl]).backward()
+            opt.synchronize()
+            assert_reduced(codec, opt, [q.grad for q in twin.parameters()],
+                           [p.grad for p in model.parameters()], tag)
+            with opt.skip_synchronize():
+                opt.step()
+            ranks_identical(list(model.parameters()), tag)
+    model = Strided(seed=200 + hvd.rank())
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    ce(model(x[sl]), y[sl]).backward()
+    sgd.step()  # momentum buffers with the parameters' strides, different on every rank
+    assert not sgd.state[model.w]["momentum_buffer"].is_contiguous()
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(sgd, root_rank=0)
+    ranks_identical(list(model.parameters()), "nc.bcast.params")
+    ranks_identical([sgd.state[p]["momentum_buffer"] for p in model.parameters()], "nc.bcast.sgd")
+    assert not model.w.is_contiguous()  # written back in place, layout kept
+
+
+CHECKS = {
+    "two_optimizers": check_two_optimizers,
+    "bf16": check_bf16,
+    "noncontiguous": check_noncontiguous,
+}
+
+if __name__ == "__main__":
+    hvd.init()
+    torch.set_num_threads(1)
+    for name in sys.argv[1:] or list(CHECKS):
+        CHECKS[name]()
+        print(f"CHECK {name} OK rank={hvd.rank()}", flush=True)
