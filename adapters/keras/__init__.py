@@ -43,5 +43,6 @@ from hvdp.codecs import Compression  # noqa: E402,F401
 from .functions import broadcast_variables  # noqa: E402,F401
 from .ops import TFOps  # noqa: E402,F401
 from .optimizer import DistributedGradientTape, DistributedOptimizer  # noqa: E402,F401
+from .saving import load_model  # noqa: E402,F401
 from .join import join  # noqa: E402,F401  (Horovod's join, safe with every codec: hvdp.join)
 from hvdp.join import JoinRefused  # noqa: E402,F401

@@ -122,8 +122,13 @@ def DistributedOptimizer(optimizer, name=None, compression="none", backward_pass
     reducer.settings.update(uneven_inputs=bool(uneven_inputs))  # checked: the same on every rank
     REPORTER.install()  # needs the rank, so after hvd.init
     base = optimizer.__class__
-    cls = type(base.__name__, (base,), {k: v for k, v in _Distributed.__dict__.items()
-                                        if k not in ("__dict__", "__weakref__")})
+    methods = {k: v for k, v in _Distributed.__dict__.items() if k not in ("__dict__", "__weakref__")}
+    # Saved as the user's own class (same module and name): Keras writes the inner optimizer's
+    # config, so stock keras.models.load_model rebuilds a plain optimizer with its state, and
+    # hvd.load_model makes it distributed again (being distributed is a run-time property).
+    cls = type(base.__name__, (base,), dict(methods, __module__=base.__module__,
+                                            __qualname__=base.__qualname__))
+    _serialise_as(cls, base)
     optimizer.__class__ = cls  # keep the object: its variables, config and tracking stay valid
     optimizer._hvdp = reducer
     optimizer._hvdp_k = backward_passes_per_step
@@ -133,6 +138,20 @@ def DistributedOptimizer(optimizer, name=None, compression="none", backward_pass
     if optimizer.built:
         optimizer.build(optimizer._trainable_variables)
     return optimizer
+
+
+def _serialise_as(cls, base):
+    """Give ``cls`` the saving names of ``base``: the public ``keras.optimizers.<Name>`` or the
+    name it was registered under with ``keras.saving.register_keras_serializable`` (Keras looks
+    both up by class object, so a subclass made on the fly has neither)."""
+    from keras.src import api_export
+    from keras.src.saving import object_registration
+    public = api_export.get_name_from_symbol(base)
+    if public is not None:
+        api_export.REGISTERED_OBJS_TO_NAMES.setdefault(cls, public)
+    registered = object_registration.get_registered_name(base)
+    if registered != base.__name__:
+        object_registration.GLOBAL_CUSTOM_NAMES.setdefault(cls, registered)
 
 
 class DistributedGradientTape(tf.GradientTape):

@@ -1,0 +1,33 @@
+"""``hvd.load_model``: a saved Keras model back with its optimizer made distributed, as in Horovod.
+
+hvdp's optimizer is saved as the user's own optimizer class (see ``optimizer._serialise_as``), so
+stock ``keras.models.load_model`` already loads it with its state; this adds the wrapping.
+"""
+import keras
+
+from .optimizer import DistributedOptimizer
+
+
+def load_model(filepath, custom_optimizers=None, custom_objects=None, compression="none", **kwargs):
+    """Load a model saved with ``model.save`` or ``hvd.callbacks.ModelCheckpoint`` and wrap its
+    optimizer (variables and step count as saved) in ``hvd.DistributedOptimizer``.
+
+    ``custom_optimizers``: optimizer classes the file names but Keras cannot find (as Horovod);
+    ``custom_objects``: passed to ``keras.models.load_model``; ``compression`` and ``kwargs``
+    (``backward_passes_per_step``, ``op``, ...): passed to ``DistributedOptimizer``. hvdp's
+    error-feedback residuals are not in the file: they start at zero.
+
+    Example::
+
+        model = hvd.load_model("ckpt.keras", compression="int8")
+        model.fit(x, y, callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+    """
+    objects = dict(custom_objects or {})
+    objects.update({c.__name__: c for c in custom_optimizers or ()})
+    model = keras.models.load_model(filepath, custom_objects=objects or None)
+    if getattr(model, "optimizer", None) is not None:
+        opt = DistributedOptimizer(model.optimizer, compression=compression, **kwargs)
+        if opt is not model.optimizer:  # wrapped for mixed_float16 on the way
+            model.optimizer = opt
+        model.train_function = None  # the next fit traces a step with the distributed apply
+    return model

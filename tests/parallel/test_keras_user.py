@@ -1,0 +1,29 @@
+"""What a demanding Keras user hits (issue 18), under ``horovodrun -np 2`` over Gloo and MPI:
+saved models loaded back, custom Horovod compressors, the tape under XLA, refreezing with int8.
+The checks are in ``workers/keras_user_checks.py``."""
+import functools
+import os
+
+import pytest
+
+from conftest import CONTROLLERS, WORKERS, checks_passed, horovodrun
+
+pytestmark = pytest.mark.parallel
+
+CHECKS = ["save_load"]
+
+
+@functools.lru_cache(maxsize=None)
+def run_check(controller, check):
+    # one job per check: a failing check then shows alone; under pytest-timeout's 300 s
+    return horovodrun([os.path.join(WORKERS, "keras_user_checks.py"), check], controller=controller,
+                      timeout=270)
+
+
+@pytest.mark.parametrize("controller", CONTROLLERS)
+@pytest.mark.parametrize("check", CHECKS)
+def test_keras_user(controller, check):
+    rc, out = run_check(controller, check)
+    assert checks_passed(out).get(check) == {"0", "1"}, \
+        f"check {check} not passed on both ranks (rc={rc}):\n{out[-5000:]}"
+    assert rc == 0, out[-5000:]

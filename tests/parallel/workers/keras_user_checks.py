@@ -1,0 +1,59 @@
+"""What a demanding Keras user hits (issue 18), under real workers; prints 'CHECK <name> OK rank=<r>'."""
+import os
+import sys
+import tempfile
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+import hvdp.keras as hvd
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from keras_checks import LOSS, allgathered, assert_ranks_identical, data, make_model  # noqa: E402
+
+# the same float32 ops on the same data in the same order: a loaded copy trains exactly like the
+# original; 0 would do, a few ulps leave room for a reordered kernel
+TOL = 1e-6
+
+
+def check_save_load():
+    folder = hvd.broadcast_object(tempfile.mkdtemp() if hvd.rank() == 0 else None, name="ksl.dir")
+    path = os.path.join(folder, "model.keras")
+    x, y = data(64)
+    xs, ys = x[hvd.rank()::hvd.size()], y[hvd.rank()::hvd.size()]
+    model = make_model()
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9)), loss=LOSS)
+    model.fit(xs, ys, batch_size=8, epochs=1, shuffle=False, verbose=0,
+              callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), hvd.callbacks.ModelCheckpoint(path)])
+    hvd.allreduce(np.zeros(1), name="ksl.barrier")
+    stock = keras.models.load_model(path)  # stock Keras, with its optimizer state
+    assert type(stock.optimizer) is keras.optimizers.SGD, type(stock.optimizer)
+    saved = [v.numpy() for v in model.optimizer.variables]
+    got = [v.numpy() for v in stock.optimizer.variables]
+    assert len(got) == len(saved) and int(stock.optimizer.iterations.numpy()) == 4, \
+        [v.path for v in stock.optimizer.variables]
+    for a, b in zip(got, saved):
+        np.testing.assert_array_equal(a, b)
+    loaded = hvd.load_model(path)  # distributed again: trains on as the original does
+    assert getattr(loaded.optimizer, "_hvdp", None) is not None
+    for m in (model, loaded):
+        m.fit(xs, ys, batch_size=8, epochs=1, shuffle=False, verbose=0)
+    for a, b in zip(loaded.get_weights(), model.get_weights()):
+        np.testing.assert_allclose(a, b, rtol=0, atol=TOL)
+    assert_ranks_identical(loaded, "ksl")
+    int8 = hvd.load_model(path, compression="int8")
+    assert int8.optimizer.compression_stats()["codec"].startswith("int8"), int8.optimizer.compression_stats()
+
+
+CHECKS = {
+    "save_load": check_save_load,
+}
+
+if __name__ == "__main__":
+    hvd.init()
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    for name in sys.argv[1:] or list(CHECKS):
+        CHECKS[name]()
+        print(f"CHECK {name} OK rank={hvd.rank()}", flush=True)
