@@ -14,7 +14,7 @@ import torch
 from hvdp.collectives import AVERAGE, SUM
 from hvdp.config import HVDP_COMPILE_CODECS
 from hvdp.join import JoinableReducer
-from hvdp.plan import CompressionPolicy, make_plan
+from hvdp.plan import CompressionPolicy
 from hvdp.stats import WireStats, ring_allreduce_bytes
 from hvdp.twophase import TwoPhaseReducer
 
@@ -23,31 +23,12 @@ from .comm import TorchCollectives, next_instance
 from .compiled import CompiledCodec
 from .compression import Compression, resolve
 from .join import OPTIMIZERS, StepControl
+from .layout import Layout, kept_buckets, make_layout, named, trainable_ids
 from .ops import TorchOps
+from .presence import Presence
 from .tensors import SUMMABLE, for_sum, write_back
 
 _OPS = TorchOps()
-
-
-def _named(param_groups, named_parameters):
-    if named_parameters is None:
-        return [(f"allreduce.noname.{i}.{j}", p) for i, g in enumerate(param_groups)
-                for j, p in enumerate(g["params"])]
-    named = list(named_parameters)
-    if any(not isinstance(t, tuple) or len(t) != 2 for t in named):
-        raise ValueError("named_parameters must be (name, parameter) tuples, "
-                         "e.g. model.named_parameters()")
-    seen, dups = set(), set()
-    for k, _ in named:
-        (dups if k in seen else seen).add(k)
-    if dups:
-        raise ValueError(f"parameter names must be unique; duplicated: {', '.join(sorted(dups))}")
-    ids = {id(p) for _, p in named}
-    missing = [p for g in param_groups for p in g["params"] if id(p) not in ids]
-    if missing:
-        raise ValueError(f"named_parameters was given but {len(missing)} optimizer parameter(s) are "
-                         "not in it; pass model.named_parameters() of the model being optimized")
-    return named
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
@@ -65,19 +46,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._sparse_as_dense = sparse_as_dense
         self._instance = next_instance(process_set)
         self._comm = TorchCollectives(process_set, scope=f"hvdp.opt{self._instance}.")
-        named = _named(self.param_groups, named_parameters)
-        names = self._all_names = {id(p): k for k, p in named}
-        self._params = [p for g in self.param_groups for p in g["params"] if p.requires_grad]
-        self._name = {p: names[id(p)] for p in self._params}
-        self._groups = self._make_groups(groups)
+        self._all_names = {id(p): k for k, p in named(self.param_groups, named_parameters)}
+        self._groups_arg = groups
         two_phase = codec is not None and not codec.summable
-        self._plan = make_plan([self._name[p] for p in self._params], [p.numel() for p in self._params],
-                               [p.is_floating_point() for p in self._params], policy, two_phase)
-        self._bucket_of = {self._params[i]: b for b, idx in enumerate(self._plan.buckets) for i in idx}
-        # while compressing, a group's bucketed members go with their bucket: the group is the
-        # rest (waiting for all its members would leave the plain ones unreduced)
-        self._plain_groups = {p: tuple(q for q in g if q not in self._bucket_of)
-                              for p, g in self._groups.items() if p not in self._bucket_of}
+        self._layout = None
+        self._set_layout(make_layout(self.param_groups, self._all_names, groups, policy, two_phase))
         ef = policy.error_feedback if policy.error_feedback is not None else \
             (codec.error_feedback_default if codec is not None else False)
         self.stats = WireStats()
@@ -91,8 +64,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if self._join is not None:
             self._reducer = JoinableReducer(self._reducer, self._join.joined)
         OPTIMIZERS.add(self)
+        self._presence = Presence(self._comm)
         # internal state, reset every step
         self._step_count = 0
+        self._fresh = True          # no gradient hook yet in this step
+        self._absent = []           # params this rank filled with zeros (no gradient) this step
         self._delay = {p: self._bpps for p in self._params}
         self._handles = {}          # param -> (handle, ctx) of the plain allreduce
         self._bucket_ready = {}     # bucket -> number of its params ready
@@ -100,7 +76,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._group_ready = {}
         self._synchronized = False
         self._should_synchronize = True
-        self._hooks = []
+        self._hooks, self._hooked = [], set()
         REPORTER.install()  # needs the rank, so after hvd.init
         check_optimizer(self, at_creation=True)
         # Like Horovod, a single worker skips the hooks, except that a real codec still applies
@@ -110,28 +86,46 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._register_hooks()
 
     # --- set-up -----------------------------------------------------------------------------
-    def _make_groups(self, groups):
-        if not groups:
-            return {}
-        if isinstance(groups, int):
-            k = -(-len(self._params) // groups)
-            lists = [self._params[i:i + k] for i in range(0, len(self._params), k)]
-        else:
-            lists = [list(g) for g in groups]
-            known = set(self._params)
-            if any(p not in known for g in lists for p in g):
-                raise ValueError("groups must hold parameters of this optimizer that require grad")
-        return {p: tuple(g) for g in lists for p in g}
+    def _set_layout(self, layout: Layout) -> None:
+        self._layout = layout
+        self._params, self._name, self._groups = layout.params, layout.name, layout.groups
+        self._plan, self._bucket_of, self._plain_groups = layout.plan, layout.bucket_of, layout.plain_groups
+        self._index = {p: i for i, p in enumerate(layout.params)}
 
     def _register_hooks(self):
         for p in self._params:
-            self._hooks.append(p.register_post_accumulate_grad_hook(self._hook))
+            if p not in self._hooked:
+                self._hooked.add(p)
+                self._hooks.append(p.register_post_accumulate_grad_hook(self._hook))
+
+    def _follow_requires_grad(self) -> None:
+        """A parameter unfrozen since the plan was made is reduced from this step on; a frozen
+        one leaves it (its gradient stays None, as in plain torch). Called before anything of
+        the step is launched; every rank must change the same parameters (checked)."""
+        if trainable_ids(self.param_groups) == [id(p) for p in self._params]:
+            return
+        old = self._layout
+        self._set_layout(make_layout(self.param_groups, self._all_names, self._groups_arg,
+                                     self._policy, self._reducer is not None, strict=False))
+        if self._reducer is not None:  # a residual belongs to its bucket's tensors
+            keep = set(kept_buckets(old, self._layout))
+            for store in (self._reducer.worker, self._reducer.server):
+                store.restore({k: v for k, v in store.snapshot().items() if k in keep})
+        self._delay = {p: self._bpps for p in self._params}
+        if self._hooks:
+            self._register_hooks()
+        check_optimizer(self)
 
     # --- per-gradient path ------------------------------------------------------------------
     def _compressing(self):
         return self._step_count >= self._policy.warmup_steps
 
     def _hook(self, p):
+        if self._fresh:  # the step's first gradient: nothing launched yet
+            self._fresh = False
+            self._follow_requires_grad()
+        if p not in self._delay:  # frozen since: not reduced (its gradient is the user's)
+            return
         if self._join is not None:
             self._join.begin()
         if self._delay[p] <= 0:
@@ -144,7 +138,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 self._launch(p)
 
     def _launch(self, p):
-        if p.grad is None:
+        if p.grad is None:  # another rank may have one: reduce zeros (Presence decides after)
+            self._absent.append(p)
             p.grad = torch.zeros_like(p)
         b = self._bucket_of.get(p)
         if b is not None and self._compressing():
@@ -198,7 +193,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                               ring_allreduce_bytes(4 * g.numel(), self._comm.size))
         op = _hvd.Sum if self._op == SUM else _hvd.Average
         ps_kw = dict(op=op, prescale_factor=pre, postscale_factor=post, process_set=self._comm.process_set)
-        name = self._comm.scope + ("group." if len(ps) > 1 else "") + self._name[ps[0]]
+        name = self._comm.scope + ("group#" if len(ps) > 1 else "") + self._name[ps[0]]
         if len(ps) > 1:
             hs = _hvd.grouped_allreduce_async_(tensors, name=name, **ps_kw)
             return [((hs, s, t), ctx) for s, t, ctx in zip(tensors, sent, out)]
@@ -235,19 +230,31 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             raise
 
     def _clear_pending(self):
+        """Drop a failed step's reductions (also called by elastic restore/sync)."""
+        self._presence.reset()
+        self._end_step()
+
+    def _end_step(self):
         self._handles.clear()
         self._bucket_pending.clear()
         self._bucket_ready.clear()
         self._group_ready.clear()
         self._delay = {p: self._bpps for p in self._params}
+        self._fresh, self._absent = True, []
         if self._join is not None:
             self._join.reset()
 
     def _synchronize(self):
+        if self._fresh:  # step() without backward
+            self._fresh = False
+            self._follow_requires_grad()
         for p in self._params:  # unused in this step's graph, or fewer passes than configured
             if self._delay[p] > 0 and (p not in self._handles):
                 self._delay[p] = 0
                 self._launch(p)
+        absent = set(self._absent)
+        self._presence.submit([p not in absent for p in self._params],
+                              self._params[0].device if self._params else None)
         for b in range(len(self._plan.buckets)):  # a bucket with params never reaching a hook
             if self._compressing() and b not in self._bucket_pending:
                 self._start_bucket(b)
@@ -273,9 +280,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 g = self._params[i].grad
                 g.copy_(flat[off:off + g.numel()].view_as(g))
                 off += g.numel()
+        if self._absent:  # no rank had a gradient: None, as plain torch leaves it
+            for p, none in zip(self._absent, self._presence.nobody_had([self._index[p] for p in self._absent])):
+                if none:
+                    p.grad = None
         if self._join is not None:
             self._join.end_step()
-        self._clear_pending()
+        self._end_step()
         self._step_count += 1
         self.stats.end_step()
         self._synchronized = True

@@ -252,7 +252,7 @@ class SparseNet(torch.nn.Module):
         torch.manual_seed(0)
         self.emb = torch.nn.Embedding(50, 40, sparse=True)
         self.out = torch.nn.Linear(40, 3)
-        self.unused = torch.nn.Linear(40, 40)     # never in the graph: reduced as zeros
+        self.unused = torch.nn.Linear(40, 40)     # in no rank's graph: grad None, as plain torch
         self.empty = torch.nn.Parameter(torch.zeros(0))
 
     def forward(self, idx):
@@ -289,8 +289,7 @@ def check_sparse_unused_empty():
         gmax = hvd.allgather(torch.tensor([local_max]), name=f"spm.{compression}.{dense}").max().item()
         tol = 1e-6 if compression == "none" else gmax / 254 + (gmax + gmax / 254) / 254
         assert (got - exact).abs().max().item() <= tol, (compression, dense)
-        assert torch.count_nonzero(model.unused.weight.grad) == 0
-        assert model.empty.grad is not None and model.empty.grad.numel() == 0
+        assert model.unused.weight.grad is None and model.empty.grad is None
 
 
 def check_checkpoint_resume():

@@ -204,10 +204,100 @@ def check_noncontiguous():
     assert not model.w.is_contiguous()  # written back in place, layout kept
 
 
+# --- row 10: requires_grad changed after the optimizer was made --------------------------------
+class WithSpare(torch.nn.Module):
+    def __init__(self, seed):
+        super().__init__()
+        self.net = mlp(seed)
+        self.spare = torch.nn.Parameter(torch.ones(40, 30))  # requires grad, never used
+
+    def forward(self, x):
+        return self.net(x)
+
+
+def check_requires_grad():
+    """Against plain torch on one worker with the whole batch: unfreeze a layer, freeze one,
+    step() without backward, a parameter never used. Weight decay and momentum make a parameter
+    move whenever the optimizer is handed a zero gradient instead of None."""
+    x, y = data(n=16 * hvd.size())
+    sl = my_slice(len(x))
+    for codec, tol in (("none", 1e-5), ("int8", 2e-3)):  # int8: a few steps of 8-bit rounding
+        model, ref = WithSpare(seed=9), WithSpare(seed=9)
+        for m in (model, ref):
+            m.net[0].weight.requires_grad_(False)  # frozen when the optimizer is made
+        kw = dict(lr=0.1, momentum=0.9, weight_decay=0.05)
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), **kw),
+                                       named_parameters=model.named_parameters(), compression=codec,
+                                       policy=hvd.CompressionPolicy(min_elements=1))
+        ref_opt = torch.optim.SGD(ref.parameters(), **kw)
+        spare0 = model.spare.detach().clone()
+
+        def step(backward=True):
+            opt.zero_grad()
+            ref_opt.zero_grad()
+            if backward:
+                ce(model(x[sl]), y[sl]).backward()
+                ce(ref(x), y).backward()
+            opt.step()
+            ref_opt.step()
+
+        def same_as_ref(what):
+            for (k, p), q in zip(model.named_parameters(), ref.parameters()):
+                err = (p - q).abs().max().item()
+                assert err <= tol, f"{codec} {what}: {k} off plain torch by {err:.3g} > {tol}"
+            ranks_identical(list(model.parameters()), f"rg.{codec}.{what}")
+
+        step()
+        same_as_ref("frozen at creation")
+        for m in (model, ref):
+            m.net[0].weight.requires_grad_(True)   # unfrozen after the optimizer was made
+        for _ in range(2):
+            step()
+        assert model.net[0].weight.grad is not None
+        same_as_ref("unfrozen")
+        for m in (model, ref):
+            m.net[2].requires_grad_(False)         # frozen mid-training (momentum buffers exist)
+        frozen = [p.detach().clone() for p in model.net[2].parameters()]
+        for _ in range(2):
+            step()
+        assert all(torch.equal(p, f) for p, f in zip(model.net[2].parameters(), frozen)), \
+            f"{codec}: a frozen layer moved"
+        same_as_ref("frozen")
+        before = [p.detach().clone() for p in model.parameters()]
+        step(backward=False)                       # no gradient anywhere: nothing moves
+        assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before)), \
+            f"{codec}: step() without backward moved a parameter"
+        assert torch.equal(model.spare, spare0) and model.spare.grad is None, f"{codec}: unused moved"
+        same_as_ref("no backward")
+    _check_used_on_one_rank(x[sl], y[sl])
+
+
+def _check_used_on_one_rank(x, y):
+    """A gradient on one rank only is still Horovod's average (the others add zeros), and every
+    rank keeps it: the decision for None must be the same everywhere."""
+    torch.manual_seed(4)
+    a, b = torch.nn.Linear(20, 3), torch.nn.Linear(20, 3)
+    params = list(a.parameters()) + list(b.parameters())
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(params, lr=0.1, momentum=0.9),
+                                   named_parameters=[(f"p{i}", p) for i, p in enumerate(params)])
+    twin = copy.deepcopy(b)
+    if hvd.rank() == 0:
+        ce(a(x) + b(x), y).backward()
+        ce(a(x).detach() + twin(x), y).backward()
+    else:
+        ce(a(x), y).backward()
+    local = twin.weight.grad if twin.weight.grad is not None else torch.zeros_like(twin.weight)
+    opt.synchronize()
+    assert b.weight.grad is not None, "a gradient another rank had was dropped"
+    err = (b.weight.grad.double().reshape(-1) - gathered(local, "one.rank").mean(0)).abs().max().item()
+    assert err <= 1e-6, f"used on one rank: off the average by {err:.3g}"
+
+
 CHECKS = {
     "two_optimizers": check_two_optimizers,
     "bf16": check_bf16,
     "noncontiguous": check_noncontiguous,
+    "requires_grad": check_requires_grad,
 }
 
 if __name__ == "__main__":
