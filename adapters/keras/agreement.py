@@ -30,6 +30,11 @@ def variable_entries(variables, names):
             for n, v in zip(names, variables)]
 
 
+def compression_name(reducer) -> str:
+    c = getattr(reducer, "hvd_compressor", None)
+    return str(reducer.codec) if c is None else f"horovod:{getattr(c, '__qualname__', type(c).__name__)}"
+
+
 def check_reducer(reducer, variables, at_build: bool = False) -> None:
     """Every rank's reducer must reduce the same variables the same way.
 
@@ -39,7 +44,7 @@ def check_reducer(reducer, variables, at_build: bool = False) -> None:
     if reducer.comm.size <= 1 or (at_build and os.environ.get("HOROVOD_ELASTIC") == "1"):
         return
     desc = agreement.describe(variable_entries(variables, reducer.names), reducer.plan.buckets, VERSIONS,
-                              compression=str(reducer.codec), policy=repr(reducer.policy), op=reducer.op,
+                              compression=compression_name(reducer), policy=repr(reducer.policy), op=reducer.op,
                               gradient_predivide_factor=reducer.predivide,
                               sparse_as_dense=reducer.sparse_as_dense, size=reducer.comm.size,
                               **reducer.settings)

@@ -11,11 +11,11 @@ import horovod.tensorflow as _hvd
 import keras
 import tensorflow as tf
 
-from hvdp import codecs
 from hvdp.collectives import AVERAGE, SUM
 from hvdp.plan import CompressionPolicy
 
-from .agreement import REPORTER
+from .agreement import REPORTER, compression_name
+from .compression import resolve
 from .join import OPTIMIZERS
 from .reducer import GradientReducer
 
@@ -71,20 +71,21 @@ class _Distributed:
 
     def compression_stats(self):
         """Bytes handed to collectives per update step by codec, vs a float32 ring allreduce."""
-        return dict(self._hvdp.stats(), codec=str(self._hvdp.codec))
+        return dict(self._hvdp.stats(), codec=compression_name(self._hvdp))
 
 
 def _make_reducer(compression, policy, op, gradient_predivide_factor, sparse_as_dense, process_set, prefix):
-    codec = codecs.get(compression) if not hasattr(compression, "compress") else \
-        codecs.get("fp16" if compression is _hvd.Compression.fp16 else "none")
+    codec, hvd_compressor = resolve(compression)
     if policy is None:
         policy = CompressionPolicy()
     if gradient_predivide_factor != 1.0 and op != _hvd.Average:
         raise ValueError("gradient_predivide_factor is only supported with op=hvd.Average")
     if op not in (_hvd.Average, _hvd.Sum):
         raise ValueError("hvdp.keras supports op=hvd.Average or hvd.Sum")
-    return GradientReducer(codec, policy, SUM if op == _hvd.Sum else AVERAGE, gradient_predivide_factor,
-                           sparse_as_dense, process_set, prefix)
+    reducer = GradientReducer(codec, policy, SUM if op == _hvd.Sum else AVERAGE, gradient_predivide_factor,
+                              sparse_as_dense, process_set, prefix)
+    reducer.hvd_compressor = hvd_compressor
+    return reducer
 
 
 def DistributedOptimizer(optimizer, name=None, compression="none", backward_passes_per_step=1,

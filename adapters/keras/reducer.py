@@ -57,6 +57,7 @@ class GradientReducer:
         self.prefix = prefix
         self.settings = {}  # more that every rank must share (the optimizer's accumulation)
         self.uneven_inputs = False  # hvdp.join: switch two-phase buckets to allreduce when a rank joined
+        self.hvd_compressor = None  # a Horovod Compressor: compress, sum, decompress (as Horovod)
         self.plan = None
 
     def build(self, variables):
@@ -111,13 +112,22 @@ class GradientReducer:
         if isinstance(g, tf.IndexedSlices) and self.sparse_as_dense:
             g = tf.convert_to_tensor(g)
         wire = self.codec.wire_dtype if (compress and self.codec.summable) else "float32"
-        if isinstance(g, tf.IndexedSlices) or not g.dtype.is_floating or wire == "float32":
+        ctx = None
+        if isinstance(g, tf.IndexedSlices):  # gathered, never compressed (as Horovod)
+            send = g
+        elif self.hvd_compressor is not None:  # every step, as hvdp.torch and Horovod do
+            send, ctx = self.hvd_compressor.compress(g)
+        elif not g.dtype.is_floating or wire == "float32":
             send = g
         else:
             send = tf.cast(g, wire)
         out = self.comm.allreduce_async(send, f"hvdp.ar.{self.names[i]}", self.op,
                                         1.0 / self.predivide, self.predivide)
-        return out if isinstance(out, tf.IndexedSlices) else tf.cast(out, g.dtype)
+        if isinstance(out, tf.IndexedSlices):
+            return out
+        if self.hvd_compressor is not None:
+            out = self.hvd_compressor.decompress(out, ctx)
+        return tf.cast(out, g.dtype)
 
     def _reduce(self, grads, compress, two_phase=None):
         two_phase = two_phase or self.two_phase
@@ -165,8 +175,11 @@ class GradientReducer:
         for i, n in enumerate(self.numels):
             if i in bucketed:
                 continue
+            # a Horovod compressor's output size is known only when it runs: counted as float32
             b = 2 if self.codec.summable and self.codec.wire_dtype == "float16" else 4
-            s.record(self.codec.name if self.codec.summable else "none", n, b * n,
+            name = "horovod" if self.hvd_compressor is not None else \
+                self.codec.name if self.codec.summable else "none"
+            s.record(name, n, b * n,
                      ring_allreduce_bytes(b * n, p), ring_allreduce_bytes(4 * n, p))
         for idx in self.plan.buckets:
             n = sum(self.numels[i] for i in idx)

@@ -8,6 +8,7 @@ import numpy as np
 import tensorflow as tf
 
 import hvdp.keras as hvd
+from horovod.tensorflow.compression import Compressor
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from keras_checks import LOSS, allgathered, assert_ranks_identical, data, make_model  # noqa: E402
@@ -46,8 +47,42 @@ def check_save_load():
     assert int8.optimizer.compression_stats()["codec"].startswith("int8"), int8.optimizer.compression_stats()
 
 
+class Doubling(Compressor):
+    """A user's Horovod compressor whose effect shows: float16 on the wire, doubled on the way back."""
+    calls = 0
+
+    @staticmethod
+    def compress(tensor):
+        Doubling.calls += 1
+        return tf.cast(tensor, tf.float16), tensor.dtype
+
+    @staticmethod
+    def decompress(tensor, ctx):
+        return tf.cast(tensor, ctx) * 2.0
+
+
+def check_compressor():
+    rng = np.random.RandomState(7 + hvd.rank())
+    g = rng.randn(300).astype("float32")
+    every = allgathered(g, "kco.g")
+    # Horovod averages the float16 tensors in float16: the expected value within float16's precision
+    want = 2.0 * every.astype(np.float16).astype(np.float32).mean(axis=0)
+    v = keras.Variable(np.zeros(300, "float32"))
+    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(1.0), compression=Doubling)
+    opt.apply([tf.constant(g)], [v])
+    np.testing.assert_allclose(-v.numpy(), want, rtol=2e-3, atol=2e-3)
+    assert opt.compression_stats()["codec"] == "horovod:Doubling", opt.compression_stats()
+    w = tf.Variable(tf.constant(g))
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(w * w) / 2  # gradient: w = g
+    got = hvd.DistributedGradientTape(tape, compression=Doubling).gradient(loss, [w])[0]
+    np.testing.assert_allclose(got.numpy(), want, rtol=2e-3, atol=2e-3)
+    assert Doubling.calls >= 2, Doubling.calls
+
+
 CHECKS = {
     "save_load": check_save_load,
+    "compressor": check_compressor,
 }
 
 if __name__ == "__main__":
