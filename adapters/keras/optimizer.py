@@ -20,15 +20,17 @@ from .join import OPTIMIZERS
 from .reducer import GradientReducer
 
 
-def _refuse_xla():
+def _refuse_xla(what="the train step is", fix="compile the model with jit_compile=False"):
+    """Raise hvdp's clear error while tracing under XLA, before TF fails later with "No registered
+    'HorovodAllreduce' OpKernel for XLA_..." (Horovod's XLA ops are not built)."""
     try:
         from tensorflow.python.ops import control_flow_util
         in_xla = control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph())
     except Exception:  # private helper moved: cannot tell, let TF report it
         return
     if in_xla:
-        raise RuntimeError("hvdp.keras: the train step is XLA-compiled, but Horovod's XLA ops are not "
-                           "built for TF 2.21; compile the model with jit_compile=False")
+        raise RuntimeError(f"hvdp.keras: {what} XLA-compiled, but Horovod's XLA ops are not "
+                           f"built for TF 2.21; {fix}")
 
 
 class _Distributed:
@@ -174,6 +176,8 @@ class DistributedGradientTape(tf.GradientTape):
         self._hvdp = None
 
     def gradient(self, target, sources, output_gradients=None, **kwargs):
+        _refuse_xla("DistributedGradientTape.gradient is", "use tf.function(jit_compile=False) for the "
+                    "function that calls it")
         grads = super().gradient(target, sources, output_gradients, **kwargs)
         flat = tf.nest.flatten(sources)
         # The tape is usually made inside a tf.function step, so a new one appears at every
