@@ -53,6 +53,8 @@ class _Distributed:
             self.build(variables)
         elif self._hvdp.plan is None:
             self._hvdp.build(variables)
+        elif not self._hvdp.matches(variables):  # Keras itself takes any subset of what it was built on
+            self._hvdp_replan(variables)
         parent = super(self.__class__, self)
         if self._hvdp_k == 1:
             return parent.apply(self._hvdp.reduce(grads, self.iterations), variables)
@@ -70,6 +72,14 @@ class _Distributed:
             return tf.constant(0)
 
         tf.cond(self._hvdp_count % self._hvdp_k == 0, update, lambda: tf.constant(0))
+
+    def _hvdp_replan(self, variables):
+        self._hvdp.replan(variables)
+        if self._hvdp_k > 1:  # accumulators follow the new variables; a cycle in progress restarts
+            with tf.init_scope():
+                self._hvdp_acc = [tf.Variable(tf.zeros(v.shape, tf.float32), trainable=False)
+                                  for v in variables]
+                self._hvdp_count.assign(0)
 
     def compression_stats(self):
         """Bytes handed to collectives per update step by codec, vs a float32 ring allreduce."""

@@ -85,6 +85,19 @@ class GradientReducer:
                     ss.create(f"b{b}", c)
         check_reducer(self, variables, at_build=True)
 
+    def matches(self, variables) -> bool:
+        """Built for exactly these variables (the same objects, in the same order)?"""
+        return len(variables) == len(self.variables) and all(a is b for a, b in zip(variables, self.variables))
+
+    def replan(self, variables):
+        """The trainable variables changed (a layer frozen or unfrozen, then ``compile``): a new
+        plan and new residual variables, zero, since the old ones belong to another layout (the
+        rule after a resize: kept only where the layout is unchanged). Every rank does it in the
+        same step, and the ranks-agree check runs again. Eager, also while a step is traced."""
+        with tf.init_scope():
+            self.plan = None
+            self.build(variables)
+
     def check_agreement(self):
         """Raise the same error on every rank unless all ranks reduce the same variables the
         same way (run when built and after every elastic reset)."""

@@ -10,7 +10,7 @@ from conftest import CONTROLLERS, WORKERS, checks_passed, horovodrun
 
 pytestmark = pytest.mark.parallel
 
-CHECKS = ["save_load", "compressor"]
+CHECKS = ["save_load", "compressor", "refreeze"]
 
 
 @functools.lru_cache(maxsize=None)

@@ -80,9 +80,45 @@ def check_compressor():
     assert Doubling.calls >= 2, Doubling.calls
 
 
+def check_refreeze(passes=1):
+    x, y = data(16 * passes * hvd.size() * 4)
+    xs, ys = x[hvd.rank()::hvd.size()], y[hvd.rank()::hvd.size()]
+    model = make_model()
+    # min_elements=0: every tensor in an int8 bucket, so the layout holds all of them
+    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9), compression="int8",
+                                   policy=hvd.CompressionPolicy(min_elements=0),
+                                   backward_passes_per_step=passes)
+    first, head = model.layers
+
+    def fit():
+        model.compile(optimizer=opt, loss=LOSS)
+        model.fit(xs, ys, batch_size=8, epochs=1, shuffle=False, verbose=0,
+                  callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+
+    def planned():
+        return sum(opt._hvdp.numels[i] for idx in opt._hvdp.plan.buckets for i in idx)
+
+    fit()
+    everything = sum(int(np.prod(w.shape)) for w in model.trainable_weights)
+    assert planned() == everything, (planned(), everything)
+    first.trainable = False  # freeze, recompile with the same optimizer
+    frozen, head0 = first.get_weights(), head.get_weights()
+    fit()
+    assert all(np.array_equal(a, b) for a, b in zip(first.get_weights(), frozen)), "a frozen layer moved"
+    assert not any(np.array_equal(a, b) for a, b in zip(head.get_weights(), head0)), "the head did not train"
+    assert planned() == sum(int(np.prod(w.shape)) for w in head.weights), "buckets not re-planned"
+    assert_ranks_identical(model, f"krf.frozen.{passes}")
+    first.trainable = True  # and back
+    fit()
+    assert not any(np.array_equal(a, b) for a, b in zip(first.get_weights(), frozen)), "unfrozen did not train"
+    assert planned() == everything
+    assert_ranks_identical(model, f"krf.unfrozen.{passes}")
+
+
 CHECKS = {
     "save_load": check_save_load,
     "compressor": check_compressor,
+    "refreeze": lambda: (check_refreeze(), check_refreeze(passes=2)),  # one job: CI time
 }
 
 if __name__ == "__main__":
