@@ -18,19 +18,7 @@ from .agreement import REPORTER, compression_name
 from .compression import resolve
 from .join import OPTIMIZERS
 from .reducer import GradientReducer
-
-
-def _refuse_xla(what="the train step is", fix="compile the model with jit_compile=False"):
-    """Raise hvdp's clear error while tracing under XLA, before TF fails later with "No registered
-    'HorovodAllreduce' OpKernel for XLA_..." (Horovod's XLA ops are not built)."""
-    try:
-        from tensorflow.python.ops import control_flow_util
-        in_xla = control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph())
-    except Exception:  # private helper moved: cannot tell, let TF report it
-        return
-    if in_xla:
-        raise RuntimeError(f"hvdp.keras: {what} XLA-compiled, but Horovod's XLA ops are not "
-                           f"built for TF 2.21; {fix}")
+from .xla import install_auto_jit_veto, refuse_xla
 
 
 class _Distributed:
@@ -48,7 +36,7 @@ class _Distributed:
         if trainable_variables is None:
             trainable_variables = self._trainable_variables
         grads, variables = list(grads), list(trainable_variables)
-        _refuse_xla()
+        refuse_xla()
         if not self.built:
             self.build(variables)
         elif self._hvdp.plan is None:
@@ -134,6 +122,7 @@ def DistributedOptimizer(optimizer, name=None, compression="none", backward_pass
     reducer.uneven_inputs = bool(uneven_inputs)
     reducer.settings.update(uneven_inputs=bool(uneven_inputs))  # checked: the same on every rank
     REPORTER.install()  # needs the rank, so after hvd.init
+    install_auto_jit_veto()  # compile(jit_compile="auto") on a GPU node: no XLA for this model
     base = optimizer.__class__
     methods = {k: v for k, v in _Distributed.__dict__.items() if k not in ("__dict__", "__weakref__")}
     # Saved as the user's own class (same module and name): Keras writes the inner optimizer's
@@ -186,8 +175,8 @@ class DistributedGradientTape(tf.GradientTape):
         self._hvdp = None
 
     def gradient(self, target, sources, output_gradients=None, **kwargs):
-        _refuse_xla("DistributedGradientTape.gradient is", "use tf.function(jit_compile=False) for the "
-                    "function that calls it")
+        refuse_xla("DistributedGradientTape.gradient is", "use tf.function(jit_compile=False) for the "
+                   "function that calls it")
         grads = super().gradient(target, sources, output_gradients, **kwargs)
         flat = tf.nest.flatten(sources)
         # The tape is usually made inside a tf.function step, so a new one appears at every
