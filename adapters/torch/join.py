@@ -8,6 +8,7 @@ import torch
 from hvdp.join import CONTROL_NAME, JoinRefused, Registry, refusal, someone_joined
 
 from .functions import broadcast_optimizer_state
+from .tensors import broadcast_
 
 OPTIMIZERS = Registry()  # every hvdp DistributedOptimizer, in creation order
 
@@ -60,11 +61,8 @@ def _sync_from(opt, root: int) -> None:
     """Parameters, optimizer state and step count of ``root`` (it ran every step) on every rank.
     Residuals stay each rank's own."""
     params = [p for g in opt.param_groups for p in g["params"]]
-    with torch.no_grad():
-        handles = [_hvd.broadcast_async_(p.data, root, name=f"hvdp.join.sync.{i}",
-                                         process_set=opt._comm.process_set) for i, p in enumerate(params)]
-        for h in handles:
-            _hvd.synchronize(h)
+    broadcast_([(f"hvdp.join.sync.{i}", p.data) for i, p in enumerate(params)], root,
+               opt._comm.process_set)  # any dtype (bf16) and layout (channels_last)
     broadcast_optimizer_state(opt, root)
     opt._step_count = _hvd.broadcast_object(opt._step_count, root, name="hvdp.join.step")
 

@@ -125,7 +125,27 @@ def check_bf16():
                 err = (p16.float() - p32).abs()
                 assert bool((err <= bound).all()), f"{tag} {k}: step off by {err.max().item():.3g}"
             ranks_identical(list(m16.parameters()), tag)
+    _check_bf16_sparse()
     _check_bf16_broadcast()
+
+
+def _check_bf16_sparse():
+    """Horovod's sparse allreduce (a bf16 embedding with sparse gradients) travels as float32."""
+    g = torch.Generator().manual_seed(hvd.rank())
+    idx = torch.randint(0, 50, (8, 5), generator=g)
+    torch.manual_seed(0)
+    emb = torch.nn.Embedding(50, 40, sparse=True).to(torch.bfloat16)
+    twin = copy.deepcopy(emb)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(emb.parameters(), lr=0.1),
+                                   named_parameters=emb.named_parameters())
+    twin(idx).float().sum().backward()
+    emb(idx).float().sum().backward()
+    opt.synchronize()
+    exact = gathered(twin.weight.grad.to_dense(), "bf16.sparse").mean(0)
+    got = emb.weight.grad.to_dense().double().reshape(-1)
+    # values rounded to bf16 one by one, then duplicates summed in bf16: a few roundings
+    err = (got - exact).abs().max().item()
+    assert emb.weight.grad.dtype == torch.bfloat16 and err <= 4 * BF16_REL * exact.abs().max().item(), err
 
 
 def _check_bf16_broadcast():
@@ -145,6 +165,26 @@ def _check_bf16_broadcast():
     st = [adam.state[p]["exp_avg"] for p in model.parameters()]
     assert all(s.dtype == torch.bfloat16 for s in st)
     ranks_identical(st, "bf16.bcast.adam")
+
+
+def check_bf16_join():
+    """Uneven inputs on a bf16 model: rank 0 has one batch more, then hvd.join() brings every
+    rank to rank 0's parameters and state (broadcast of bf16 tensors)."""
+    x, y = data()
+    sl = my_slice(len(x))
+    for codec in ("none", "int8"):
+        model = mlp(seed=11).to(torch.bfloat16)
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+                                       named_parameters=model.named_parameters(), compression=codec,
+                                       uneven_inputs=True)
+        for _ in range(2 if hvd.rank() == 0 else 1):
+            opt.zero_grad()
+            ce(model(x[sl].bfloat16()), y[sl]).backward()
+            opt.step()
+        assert hvd.join() == 0
+        ranks_identical(list(model.parameters()), f"bf16.join.{codec}")
+        ranks_identical([opt.state[p]["momentum_buffer"] for p in model.parameters()],
+                        f"bf16.join.state.{codec}")
 
 
 # --- row 6: non-contiguous gradients ----------------------------------------------------------
@@ -296,6 +336,7 @@ def _check_used_on_one_rank(x, y):
 CHECKS = {
     "two_optimizers": check_two_optimizers,
     "bf16": check_bf16,
+    "bf16_join": check_bf16_join,
     "noncontiguous": check_noncontiguous,
     "requires_grad": check_requires_grad,
 }
