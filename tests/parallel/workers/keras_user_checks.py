@@ -45,6 +45,21 @@ def check_save_load():
     assert_ranks_identical(loaded, "ksl")
     int8 = hvd.load_model(path, compression="int8")
     assert int8.optimizer.compression_stats()["codec"].startswith("int8"), int8.optimizer.compression_stats()
+    # a user's optimizer class, registered with Keras: saved and loaded under its registered name
+    mine = make_model()
+    mine.compile(optimizer=hvd.DistributedOptimizer(MySGD(0.05, momentum=0.9)), loss=LOSS)
+    mine.fit(xs, ys, batch_size=8, epochs=1, shuffle=False, verbose=0)
+    own = os.path.join(tempfile.mkdtemp(), "mine.keras")  # every rank its own file
+    mine.save(own)
+    back = keras.models.load_model(own)
+    assert type(back.optimizer) is MySGD, type(back.optimizer)
+    for a, b in zip(back.optimizer.variables, mine.optimizer.variables):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+@keras.saving.register_keras_serializable(package="hvdp_test")
+class MySGD(keras.optimizers.SGD):
+    pass
 
 
 class Doubling(Compressor):
