@@ -15,9 +15,10 @@ from hvdp.collectives import AVERAGE, SUM
 from hvdp.config import HVDP_COMPILE_CODECS
 from hvdp.join import JoinableReducer
 from hvdp.plan import CompressionPolicy
-from hvdp.stats import WireStats, ring_allreduce_bytes
+from hvdp.stats import WireStats
 from hvdp.twophase import TwoPhaseReducer
 
+from . import plain
 from .agreement import REPORTER, check_optimizer
 from .comm import TorchCollectives, next_instance
 from .compiled import CompiledCodec
@@ -26,7 +27,6 @@ from .join import OPTIMIZERS, StepControl
 from .layout import Layout, kept_buckets, make_layout, named, trainable_ids
 from .ops import TorchOps
 from .presence import Presence
-from .tensors import SUMMABLE, for_sum, write_back
 
 _OPS = TorchOps()
 
@@ -70,7 +70,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._fresh = True          # no gradient hook yet in this step
         self._absent = []           # params this rank filled with zeros (no gradient) this step
         self._delay = {p: self._bpps for p in self._params}
-        self._handles = {}          # param -> (handle, ctx) of the plain allreduce
+        self._handles = {}          # param -> its plain.Pending / plain.SparsePending
         self._bucket_ready = {}     # bucket -> number of its params ready
         self._bucket_pending = {}   # bucket -> two-phase pending
         self._group_ready = {}
@@ -148,11 +148,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 self._start_bucket(b)
             return
         if p.grad.is_sparse and not self._sparse_as_dense:
-            g = p.grad if p.grad.dtype in SUMMABLE else p.grad.float()  # bf16: as float32
-            h = _hvd.sparse_allreduce_async(g, name=self._comm.scope + self._name[p],
-                                            op=_hvd.Sum if self._op == SUM else _hvd.Average,
-                                            process_set=self._comm.process_set)
-            self._handles[p] = (h, "sparse")
+            self._handles[p] = plain.submit_sparse(p.grad, self._comm.scope + self._name[p],
+                                                   self._op, self._comm)
             return
         group = (self._plain_groups if self._compressing() else self._groups).get(p)
         if group is None:
@@ -170,34 +167,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _allreduce_plain(self, ps):
         """Horovod's contract: compress (a cast), sum/average, decompress. One handle per tensor."""
-        pre, post = 1.0 / self._predivide, self._predivide
         codec = self._codec if (self._codec is not None and self._codec.summable
                                 and self._compressing()) else Compression.none
-        out, tensors, sent = [], [], []
-        for p in ps:
-            g = self._dense_grad(p)
-            if self._hvd_compressor is not None:
-                t, ctx = self._hvd_compressor.compress(g)
-            elif g.is_floating_point() and codec.wire_dtype != "float32":
-                t, ctx = g.to(getattr(torch, codec.wire_dtype)), g.dtype
-            else:
-                t, ctx = g, None
-            # Horovod sums contiguous tensors of a few dtypes only: a bf16 or channels_last /
-            # transposed tensor goes through a stand-in, written back after the reduction
-            tensors.append(for_sum(t))
-            sent.append(t)
-            out.append(ctx)
-            self.stats.record(codec.name if self._hvd_compressor is None else "horovod",
-                              g.numel(), t.numel() * t.element_size(),
-                              ring_allreduce_bytes(t.numel() * t.element_size(), self._comm.size),
-                              ring_allreduce_bytes(4 * g.numel(), self._comm.size))
-        op = _hvd.Sum if self._op == SUM else _hvd.Average
-        ps_kw = dict(op=op, prescale_factor=pre, postscale_factor=post, process_set=self._comm.process_set)
+        wire = None if (self._hvd_compressor is not None or codec.wire_dtype == "float32") \
+            else getattr(torch, codec.wire_dtype)
         name = self._comm.scope + ("group#" if len(ps) > 1 else "") + self._name[ps[0]]
-        if len(ps) > 1:
-            hs = _hvd.grouped_allreduce_async_(tensors, name=name, **ps_kw)
-            return [((hs, s, t), ctx) for s, t, ctx in zip(tensors, sent, out)]
-        return [((_hvd.allreduce_async_(tensors[0], name=name, **ps_kw), tensors[0], sent[0]), out[0])]
+        return plain.submit([self._dense_grad(p) for p in ps], name, wire, self._hvd_compressor,
+                            self._op, self._predivide, self._comm, self.stats,
+                            codec.name if self._hvd_compressor is None else "horovod")
 
     def _start_bucket(self, b):
         for i in self._plan.buckets[b]:
@@ -261,19 +238,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         for pend in self._bucket_pending.values():
             self._reducer.exchange(pend)
         waited = set()  # a grouped allreduce has one handle for all its tensors
-        for p, (h, ctx) in self._handles.items():
-            if ctx == "sparse":  # Horovod's sparse allreduce hands back a function to call
-                p.grad = (h() if callable(h) else _hvd.synchronize(h)).to(p.grad.dtype)
-                continue
-            handle, s, t = h
-            if id(handle) not in waited:
-                waited.add(id(handle))
-                _hvd.synchronize(handle)
-            write_back(t, s)  # the stand-in's sum into the tensor that was compressed
-            if self._hvd_compressor is not None:
-                p.grad.copy_(self._hvd_compressor.decompress(t, ctx))
-            elif t is not p.grad:
-                p.grad.copy_(t)
+        for p, pend in self._handles.items():
+            plain.finish(p, pend, self._hvd_compressor, waited)
         for b, pend in self._bucket_pending.items():
             flat, off = self._reducer.finish(pend), 0
             for i in self._plan.buckets[b]:
