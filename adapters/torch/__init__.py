@@ -8,7 +8,12 @@ Example::
 """
 import importlib as _importlib
 
-from horovod.torch import *  # noqa: F401,F403  (every public name of horovod.torch)
+from hvdp.install.recipe import horovod_import_error as _horovod_import_error
+
+try:
+    from horovod.torch import *  # noqa: F401,F403  (every public name of horovod.torch)
+except ImportError as _e:
+    raise _horovod_import_error("hvdp.torch", _e) from _e
 
 from hvdp import __version__  # noqa: F401
 from hvdp.plan import CompressionPolicy  # noqa: F401
