@@ -51,6 +51,8 @@ STAGES = [
                                                      "--json-out", os.path.join(RES, "step_np2.json")])),
     ("slow link (1 Gbit/s)", lambda: python([os.path.join(HERE, "slowlink.py"),
                                              "--json-out", os.path.join(RES, "slowlink.json")])),
+    ("peak memory of a step (50M params)", lambda: python([os.path.join(HERE, "memory_bench.py"),
+                                                            "--json-out", os.path.join(RES, "memory.json")])),
     ("accuracy (digits, 3 seeds)", lambda: python([os.path.join(HERE, "convergence.py"),
                                                    "--json-out", os.path.join(RES, "convergence.json")])),
 ]
@@ -95,6 +97,11 @@ def report(elapsed):
                          "≤ 0.5" if int8 else "—", r[k][0] <= 0.5 if int8 else None))
     else:
         rows.append(("slow link", "skipped: " + sl["skipped"], "≤ 0.5", None))
+    for k, m in load("memory.json").items():
+        sm = m["summary"]
+        rows.append((f"peak extra memory of a step, {k}, {m['grad_mb']:.0f} MB gradient (MB; ÷ gradient)",
+                     f"{sm['extra_mb']:.0f} ({sm['ratio']:.2f}x)", f"≤ {sm['target_mb']:.0f} (2x + residuals)",
+                     sm["extra_mb"] <= sm["target_mb"]))
     conv = load("convergence.json")
     base = conv[0]["mean"]
     for c in conv:
