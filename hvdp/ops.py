@@ -10,7 +10,7 @@ Conventions: arrays are 1-D or 2-D; dtypes are named by strings ("float32", "flo
 """
 from __future__ import annotations
 
-from typing import Any, Protocol, Sequence
+from typing import Any, Iterable, Protocol, Sequence, Tuple
 
 import numpy as np
 
@@ -42,6 +42,15 @@ class ArrayOps(Protocol):
     def topk_rows(self, score2d: Array, k: int) -> Array: ...  # int32 indices of the k largest
     def gather_rows(self, x2d: Array, idx2d: Array) -> Array: ...
     def scatter_rows(self, rows: int, cols: int, idx2d: Array, values2d: Array) -> Array: ...
+    # Memory: a reducer's big temporaries. ``assemble`` writes the ``(offset, piece)`` pairs an
+    # iterable yields, which tile [0, n) in any order, into one new n-element array (an eager
+    # framework keeps one piece alive at a time; a graph framework may collect and concatenate).
+    # ``add_``/``mul_`` return a + b / a * s and may overwrite ``a`` (the caller owns it and no
+    # longer needs it); the bits are those of ``a + b`` / ``a * s``.
+    def assemble(self, n: int, dtype: str, pieces: Iterable[Tuple[int, Array]],
+                 like: Array | None = None) -> Array: ...
+    def add_(self, a: Array, b: Array) -> Array: ...
+    def mul_(self, a: Array, s: float) -> Array: ...
 
 
 def _bf16_bits(x: np.ndarray) -> np.ndarray:
@@ -123,3 +132,18 @@ class NumpyOps:
         out = np.zeros((rows, cols), dtype=np.float32)
         np.put_along_axis(out, idx2d.astype(np.int64), values2d.astype(np.float32), axis=-1)
         return out
+
+    def assemble(self, n, dtype, pieces, like=None):
+        out, total = np.empty(n, dtype=self._DTYPES[dtype]), 0
+        for off, x in pieces:
+            k = int(np.size(x))
+            out[off:off + k] = np.ravel(x)
+            total += k
+        assert total == n, f"assemble: pieces hold {total} elements, expected {n}"
+        return out
+
+    def add_(self, a, b):
+        return np.add(a, b, out=a)
+
+    def mul_(self, a, s):
+        return np.multiply(a, np.float32(s), out=a) if a.dtype == np.float32 else np.multiply(a, s, out=a)

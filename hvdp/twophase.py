@@ -106,30 +106,54 @@ class TwoPhaseReducer:
         ops, c = self.ops, self.codec
         prev = store.get(name)
         if prev is not None and ops.size(prev) == ops.size(x):
-            x = x + prev
+            x = ops.add_(x, prev)  # x: the caller's temporary
         payload = c.encode(ops, x)
         decoded = c.decode(ops, payload, ops.size(x))
         # a non-finite element must not poison every later step through the residual
         store.set(name, self._finite_or_zero(x - decoded))
         return payload, decoded
 
+    def _chunk(self, flat, i, c, n):
+        """Chunk i of the zero-padded bucket, padding only the one chunk that needs it."""
+        lo, hi = i * c, (i + 1) * c
+        if hi <= n:
+            return flat[lo:hi]
+        tail = flat[lo:n] if lo < n else flat[0:0]
+        return self.ops.cat([tail, self.ops.zeros(hi - max(lo, n), "float32", like=flat)])
+
     def start(self, name: str, flat: Array) -> _Pending:
+        # Chunk by chunk: the padded bucket, its corrected value and its decoded value never
+        # exist whole; only the new residual and the payloads do (peak memory, issue 18).
         ops, p = self.ops, self.comm.size
         n = ops.size(flat)
         c = chunk_length(n, p, self.codec.align)
-        x = flat if c * p == n else ops.cat([flat, ops.zeros(c * p - n, "float32", like=flat)])
-        own = None
+        payloads, own = [None] * p, None
         if self.error_feedback:
             prev = self.worker.get(name)
-            if prev is not None and ops.size(prev) == c * p:
-                x = x + prev
-            payloads = [self.codec.encode(ops, x[i * c:(i + 1) * c]) for i in range(p)]
-            parts = [self.codec.decode(ops, pl, c) for pl in payloads]
-            own = parts[self.comm.rank]
-            self.worker.set(name, self._finite_or_zero(x - ops.cat(parts)))
+            if prev is None or ops.size(prev) != c * p:
+                prev = None
+
+            def residual_chunks():
+                nonlocal own
+                # this rank's chunk last: its decoded value (kept for exchange) then overlaps
+                # no other chunk's temporaries
+                for i in [j for j in range(p) if j != self.comm.rank] + [self.comm.rank]:
+                    x = self._chunk(flat, i, c, n)
+                    if prev is not None:
+                        x = x + prev[i * c:(i + 1) * c]
+                    payloads[i] = self.codec.encode(ops, x)
+                    part = self.codec.decode(ops, payloads[i], c)
+                    if i == self.comm.rank and prev is not None:
+                        own = part  # x was this step's own array: exchange may sum into it
+                    r = self._finite_or_zero(x - part)
+                    del x, part  # not alive while assemble copies r
+                    yield i * c, r
+
+            self.worker.set(name, ops.assemble(c * p, "float32", residual_chunks(), like=flat))
         else:
-            payloads = [self.codec.encode(ops, x[i * c:(i + 1) * c]) for i in range(p)]
+            payloads = [self.codec.encode(ops, self._chunk(flat, i, c, n)) for i in range(p)]
         send = ops.cat(payloads)
+        del payloads
         handle = self.comm.alltoall_async(send, f"hvdp.a2a.{name}") if p > 1 else send
         if self.stats is not None:
             nb = self.codec.payload_nbytes(c)
@@ -145,10 +169,12 @@ class TwoPhaseReducer:
         for j in range(p):  # fixed order: the owner's sum is deterministic
             part = pend.own if (j == self.comm.rank and pend.own is not None) else \
                 self.codec.decode(ops, recv[j * nb:(j + 1) * nb], c)
-            acc = part if acc is None else acc + part
+            # acc is this step's own temporary (a decoded chunk): summed into in place
+            acc = part if acc is None else ops.add_(acc, part)
+        pend.own = None
         scale = self.postscale / p if self.op == AVERAGE else self.postscale
         if scale != 1.0:
-            acc = acc * scale
+            acc = ops.mul_(acc, scale)
         payload, pend.own_final = self._encode_with_feedback(acc, self.server, pend.name)
         pend.handle = self.comm.allgather_async(payload, f"hvdp.ag.{pend.name}") if p > 1 else payload
         pend.phase = 2
@@ -159,8 +185,10 @@ class TwoPhaseReducer:
         ops, p, c = self.ops, self.comm.size, pend.chunk
         got = self.comm.wait(pend.handle) if p > 1 else pend.handle
         nb = self.codec.payload_nbytes(c)
-        out = ops.cat([pend.own_final if (j == self.comm.rank and pend.own_final is not None)
-                       else self.codec.decode(ops, got[j * nb:(j + 1) * nb], c) for j in range(p)])
+        own, pend.own_final = pend.own_final, None
+        out = ops.assemble(c * p, "float32", ((j * c, own if (j == self.comm.rank and own is not None)
+                                               else self.codec.decode(ops, got[j * nb:(j + 1) * nb], c))
+                                              for j in range(p)), like=got)
         return out[:pend.n]
 
     # --- state ------------------------------------------------------------------------------

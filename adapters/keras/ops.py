@@ -93,3 +93,14 @@ class TFOps:
         r = tf.repeat(tf.range(rows, dtype=tf.int32)[:, None], tf.shape(idx2d)[1], axis=1)
         coords = tf.stack([tf.reshape(r, [-1]), tf.reshape(idx2d, [-1])], axis=1)
         return tf.scatter_nd(coords, tf.reshape(tf.cast(values2d, tf.float32), [-1]), [rows, cols])
+
+    # a traced graph has no buffers to write into: the functional forms
+    def assemble(self, n, dtype, pieces, like=None):
+        parts = [x for _, x in sorted(pieces, key=lambda kv: kv[0])]
+        return tf.cast(self.cat(parts), _DT[dtype]) if n else tf.zeros([0], dtype=_DT[dtype])
+
+    def add_(self, a, b):
+        return a + b
+
+    def mul_(self, a, s):
+        return a * s

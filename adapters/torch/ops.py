@@ -68,3 +68,19 @@ class TorchOps:
     def scatter_rows(self, rows, cols, idx2d, values2d):
         out = torch.zeros(rows, cols, dtype=torch.float32, device=values2d.device)
         return out.scatter_(-1, idx2d.long(), values2d.float())
+
+    def assemble(self, n, dtype, pieces, like=None):
+        out = torch.empty(n, dtype=_DT[dtype], device=like.device if like is not None else None)
+        total = 0
+        for off, x in pieces:
+            k = x.numel()
+            out[off:off + k].copy_(x.reshape(-1))
+            total += k
+        assert total == n, f"assemble: pieces hold {total} elements, expected {n}"
+        return out
+
+    def add_(self, a, b):
+        return a.add_(b)
+
+    def mul_(self, a, s):
+        return a.mul_(s)

@@ -184,7 +184,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                  f"{self._codec.name} compression cannot take: pass sparse_as_dense=True, "
                                  f"or keep it uncompressed with CompressionPolicy(exclude=({self._name[p]!r},))")
         grads = [self._dense_grad(self._params[i]) for i in self._plan.buckets[b]]
-        flat = torch.cat([g.reshape(-1).float() for g in grads])
+        # one gradient: its flat view (the reducer only reads it), not a copy
+        flat = grads[0].reshape(-1).float() if len(grads) == 1 else \
+            torch.cat([g.reshape(-1).float() for g in grads])
         if self._predivide != 1.0:
             flat = flat / self._predivide
         self._bucket_pending[b] = self._reducer.start(f"b{b}", flat)
