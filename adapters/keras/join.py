@@ -1,5 +1,7 @@
 """``hvd.join()`` for hvdp's Keras optimizers, the in-graph join control, and ``JoinCallback``
 for ``model.fit`` with shards of different lengths. The rules are the core's (``hvdp.join``)."""
+import gc
+
 import horovod.tensorflow as _hvd
 import keras
 import tensorflow as tf
@@ -51,13 +53,13 @@ def _refuse_unless_ready():
             raise JoinRefused(refusal(red.codec.name, "keras"))
 
 
-def join(extra_variables=()) -> int:
+def join(extra_variables=(), optimizers=None) -> int:
     """Horovod's ``join`` (this rank has run out of data; the others go on; returns once every
     rank has joined), made safe for hvdp's codecs.
 
-    Every hvdp optimizer's variables (and the trainable variables it updates, plus
-    ``extra_variables``) are then broadcast from the last rank to join, so all ranks are
-    identical. An optimizer with int8/bf16/topk buckets made without ``uneven_inputs=True``
+    Every hvdp optimizer's variables (or those of ``optimizers`` when given), the trainable
+    variables they update, and ``extra_variables`` are then broadcast from the last rank to
+    join, so all ranks are identical. An optimizer with int8/bf16/topk buckets made without ``uneven_inputs=True``
     makes this raise :class:`hvdp.join.JoinRefused`.
 
     Example::
@@ -71,8 +73,13 @@ def join(extra_variables=()) -> int:
     """
     _refuse_unless_ready()
     last = _horovod_join()
+    if optimizers is None:
+        # Which earlier optimizers are still alive must not depend on when each rank's garbage
+        # collector ran (a difference is a mismatched broadcast): collect now, on every rank.
+        gc.collect()
+        optimizers = OPTIMIZERS.alive()
     seen, variables = set(), []
-    for opt in OPTIMIZERS.alive():
+    for opt in optimizers:
         if opt._hvdp.comm.process_set.process_set_id != 0 or not opt.built:
             continue  # Horovod's join is global
         for v in list(getattr(opt, "_trainable_variables", [])) + list(opt.variables) + list(extra_variables):
@@ -122,7 +129,8 @@ class JoinCallback(keras.callbacks.Callback):
     def _join(self):
         if not self._joined:
             self._joined = True
-            join(extra_variables=self.model.variables)
+            # this model's optimizer only: other optimizers alive in the process are not fit's
+            join(extra_variables=self.model.variables, optimizers=[self.model.optimizer])
 
     def on_train_batch_end(self, batch, logs=None):
         steps = (self.params or {}).get("steps")
