@@ -15,24 +15,24 @@ import sys
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
+# Run by the target interpreter (see probe_frameworks): hvdp itself never imports a framework.
 _FRAMEWORK_PROBE = r"""
-import json, sys
+import importlib, json
+
+def cuda(name, module):  # the CUDA version the framework was built with, "" for a CPU build
+    if name == "torch":
+        return module.version.cuda or ""
+    return module.sysconfig.get_build_info().get("cuda_version", "") or ""
+
 out = {}
-try:
-    import torch
-    out["torch"] = {"version": torch.__version__, "cuda": torch.version.cuda or ""}
-except ImportError:
-    pass
-except Exception as e:
-    out["torch"] = {"error": f"{type(e).__name__}: {e}"}
-try:
-    import tensorflow as tf
-    info = tf.sysconfig.get_build_info()
-    out["tensorflow"] = {"version": tf.__version__, "cuda": info.get("cuda_version", "") or ""}
-except ImportError:
-    pass
-except Exception as e:
-    out["tensorflow"] = {"error": f"{type(e).__name__}: {e}"}
+for name in ("torch", "tensorflow"):
+    try:
+        module = importlib.import_module(name)
+        out[name] = {"version": module.__version__, "cuda": cuda(name, module)}
+    except ImportError:
+        pass
+    except Exception as e:
+        out[name] = {"error": f"{type(e).__name__}: {e}"}
 print("HVDP-FACTS " + json.dumps(out))
 """
 
