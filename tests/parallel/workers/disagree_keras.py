@@ -3,14 +3,13 @@
 Prints 'ERROR rank=<r> after=<s> type=<T> msg=<json>' for the exception that ends a rank and
 lets it propagate, or 'DONE rank=<r>'.
 """
-import json
 import sys
-import time
 
 import keras
 import numpy as np
 
 import hvdp.keras as hvd
+from case_report import run_and_report
 
 
 def model_for(case, rank):
@@ -51,17 +50,7 @@ def run(case, rank):
 def main():
     case = sys.argv[1]
     hvd.init()
-    rank = hvd.rank()
-    t0 = time.time()
-    try:
-        run(case, rank)
-    except Exception as e:
-        # one write, so that horovodrun's line tags cannot split it
-        sys.stdout.write(f"ERROR rank={rank} after={time.time() - t0:.2f}s type={type(e).__name__} "
-                         f"msg={json.dumps(str(e))}\n")
-        sys.stdout.flush()
-        raise
-    print(f"DONE rank={rank}", flush=True)
+    run_and_report(run, case, hvd.rank())
 
 
 if __name__ == "__main__":

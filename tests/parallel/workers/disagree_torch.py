@@ -3,7 +3,6 @@
 Every rank prints 'ERROR rank=<r> type=<T> msg=<json>' for the exception that ends it, then
 lets it propagate (so hvdp's exception hook and the job's exit code see it), or 'DONE rank=<r>'.
 """
-import json
 import os
 import sys
 import time
@@ -11,6 +10,7 @@ import time
 import torch
 
 import hvdp.torch as hvd
+from case_report import run_and_report
 
 
 def model_for(case, rank):
@@ -78,17 +78,7 @@ def main():
     # torch's first optimizer pays seconds of lazy imports: keep them out of the time measured
     torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
     hvd.init()
-    rank = hvd.rank()
-    t0 = time.time()
-    try:
-        run(case, rank)
-    except Exception as e:
-        # one write, so that horovodrun's line tags cannot split it
-        sys.stdout.write(f"ERROR rank={rank} after={time.time() - t0:.2f}s type={type(e).__name__} "
-                         f"msg={json.dumps(str(e))}\n")
-        sys.stdout.flush()
-        raise
-    print(f"DONE rank={rank}", flush=True)
+    run_and_report(run, case, hvd.rank())
 
 
 if __name__ == "__main__":
