@@ -45,4 +45,5 @@ from .ops import TFOps  # noqa: E402,F401
 from .optimizer import DistributedGradientTape, DistributedOptimizer  # noqa: E402,F401
 from .saving import load_model  # noqa: E402,F401
 from .join import join  # noqa: E402,F401  (Horovod's join, safe with every codec: hvdp.join)
+from .mesh import ProcessMesh  # noqa: E402,F401  (DP x TP x PP groups as process sets: hvdp.mesh)
 from hvdp.join import JoinRefused  # noqa: E402,F401
