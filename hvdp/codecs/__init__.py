@@ -1,18 +1,21 @@
 """Gradient codecs, one file each, entered in a registry by name."""
+from .auto import Auto
 from .base import Codec, get, names, register
 from .cast import BF16, FP16, NoCompression
 from .int8 import Int8
 from .topk import TopK
 
-__all__ = ["Codec", "Compression", "get", "names", "register", "NoCompression", "FP16", "BF16", "Int8", "TopK"]
+__all__ = ["Auto", "Codec", "Compression", "get", "names", "register", "NoCompression", "FP16", "BF16", "Int8", "TopK"]
 
 
 class Compression:
     """Codec objects by name, the ``hvd.Compression`` of both adapters:
-    ``Compression.int8``, ``Compression.topk.configure(ratio=0.05)``."""
+    ``Compression.int8``, ``Compression.topk.configure(ratio=0.05)``; ``Compression.auto``
+    lets hvdp choose per bucket (``hvdp.auto``)."""
 
     none = get("none")
     fp16 = get("fp16")
     bf16 = get("bf16")
     int8 = get("int8")
     topk = get("topk")
+    auto = Auto()
