@@ -1,0 +1,148 @@
+"""A reducer whose buckets each have their own codec (``compression="auto"``'s decision).
+
+A bucket assigned a summable codec (none, fp16) goes through one Horovod allreduce of the
+flat bucket, cast to the codec's wire dtype; a bucket assigned a two-phase codec (bf16, int8,
+topk) goes through that codec's :class:`~hvdp.twophase.TwoPhaseReducer` (one per codec, made by
+the adapter's factory exactly as a fixed codec's reducer, so residuals, kernels and the
+uneven-inputs wrapper are the same). It has the two-phase reducer's interface (start,
+exchange, finish, residual stores, state), so the optimizers drive it unchanged.
+
+When the decision changes (a new probe after an elastic reset, a new bucket layout), a bucket
+keeps its residuals only if it keeps its codec; the others start from zero.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Mapping, Optional
+
+from .collectives import AVERAGE
+from .stats import WireStats, ring_allreduce_bytes
+
+
+@dataclass
+class _Summed:
+    name: str
+    n: int
+    codec: Any
+    handle: Any
+
+
+@dataclass
+class _Routed:
+    key: str
+    inner: Any
+
+
+class _Stores:
+    """One view over the sub-reducers' residual stores of one side (worker or server)."""
+
+    def __init__(self, owner: "MixedReducer", side: str):
+        self.owner, self.side = owner, side
+
+    def _all(self):
+        return [getattr(r, self.side) for r in self.owner.reducers.values()]
+
+    def get(self, name):
+        key = self.owner.key_of(name)
+        r = self.owner.reducers.get(key) if key else None
+        return getattr(r, self.side).get(name) if r is not None else None
+
+    def snapshot(self) -> dict:
+        out = {}
+        for s in self._all():
+            out.update(s.snapshot())
+        return out
+
+    def restore(self, data: dict) -> None:
+        for key, r in self.owner.reducers.items():
+            getattr(r, self.side).restore({k: v for k, v in data.items() if self.owner.key_of(k) == key})
+
+
+class MixedReducer:
+    """Reduces named flat float32 buckets, each with the codec ``assign`` gave it.
+
+    Example::
+
+        r = MixedReducer(ops, comm, lambda codec, comm: TwoPhaseReducer(codec, ops, comm, True))
+        r.assign({"b0": get("none"), "b1": get("int8")})
+        pend = r.start("b1", flat); r.exchange(pend); out = r.finish(pend)
+    """
+
+    def __init__(self, ops, comm, make_two_phase: Callable[[Any, Any], Any], op: str = AVERAGE,
+                 postscale: float = 1.0, stats: Optional[WireStats] = None):
+        self.ops, self.comm, self.make_two_phase = ops, comm, make_two_phase
+        self.op, self.postscale, self.stats = op, postscale, stats
+        self.codec = None                         # no single codec; see ``choice``
+        self.choice: Dict[str, Any] = {}          # bucket name -> codec
+        self.reducers: Dict[str, Any] = {}        # str(codec) -> two-phase reducer
+        self.worker, self.server = _Stores(self, "worker"), _Stores(self, "server")
+
+    def key_of(self, bucket: str) -> Optional[str]:
+        c = self.choice.get(bucket)
+        return str(c) if c is not None and not c.summable else None
+
+    def assign(self, choice: Mapping[str, Any]) -> None:
+        """Set the codec of every bucket; residuals stay only where a bucket keeps its codec."""
+        self.choice = dict(choice)
+        for c in self.choice.values():
+            if not c.summable and str(c) not in self.reducers:
+                self.reducers[str(c)] = self.make_two_phase(c, self.comm)
+        for key, r in self.reducers.items():  # each keeps what still belongs to it
+            for store in (r.worker, r.server):
+                store.restore({k: v for k, v in store.snapshot().items() if self.key_of(k) == key})
+
+    @property
+    def worker_residual(self) -> dict:
+        return self.worker.snapshot()
+
+    @property
+    def server_residual(self) -> dict:
+        return self.server.snapshot()
+
+    # --- the reduction ------------------------------------------------------------------------
+    def start(self, name: str, flat):
+        codec = self.choice.get(name)
+        if codec is None:
+            raise RuntimeError(f"bucket {name!r} has no codec: the auto decision was not made "
+                               f"for this layout (known: {', '.join(sorted(self.choice)) or 'none'})")
+        if not codec.summable:
+            return _Routed(str(codec), self.reducers[str(codec)].start(name, flat))
+        ops, p = self.ops, self.comm.size
+        n = ops.size(flat)
+        x = flat if codec.wire_dtype == "float32" else ops.cast(flat, codec.wire_dtype)
+        if self.stats is not None:
+            nbytes = codec.payload_nbytes(n)
+            self.stats.record(codec.name, n, handed=nbytes, sent=ring_allreduce_bytes(nbytes, p),
+                              fp32=ring_allreduce_bytes(4 * n, p))
+        if p > 1:
+            handle = self.comm.allreduce_async(x, f"hvdp.ar.{name}", self.op, 1.0, self.postscale)
+        else:
+            handle = x if self.postscale == 1.0 else x * self.postscale
+        return _Summed(name, n, codec, handle)
+
+    def exchange(self, pend) -> None:
+        if isinstance(pend, _Routed):
+            self.reducers[pend.key].exchange(pend.inner)
+
+    def finish(self, pend):
+        if isinstance(pend, _Routed):
+            return self.reducers[pend.key].finish(pend.inner)
+        out = self.comm.wait(pend.handle) if self.comm.size > 1 else pend.handle
+        return out if pend.codec.wire_dtype == "float32" else self.ops.cast(out, "float32")
+
+    # --- state --------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {"codec": "auto", "size": self.comm.size,
+                "choice": {k: str(c) for k, c in self.choice.items()},
+                "reducers": {k: r.state_dict() for k, r in self.reducers.items()}}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Residuals of a bucket come back where its codec is the same as when saved."""
+        saved = state.get("choice", {})
+        for key, r in self.reducers.items():
+            sub = state.get("reducers", {}).get(key)
+            if sub is None:
+                r.load_state_dict({"codec": None})
+                continue
+            keep = lambda d: {k: v for k, v in d.items() if saved.get(k) == key == self.key_of(k)}  # noqa: E731
+            r.load_state_dict(dict(sub, worker=keep(sub.get("worker", {})), server=keep(sub.get("server", {}))))

@@ -1,0 +1,137 @@
+"""The measurement behind ``compression="auto"``: a short probe of the job's own collectives and
+codecs, fitted into an :class:`hvdp.auto.CostTable` that is the same on every rank.
+
+What it runs (the adapter passes its collectives, array ops and a reducer factory in, so the
+probe times exactly the paths training will take):
+
+- links: Horovod allreduce of float32 and of float16, alltoall and allgather of bytes, each at
+  two sizes (a small one for the fixed cost, one near the largest bucket for the per-byte cost,
+  capped at ``MAX_PROBE_BYTES``), under the optimizer's own process set and names. Every size is
+  run once untimed (Horovod negotiates a new name once; the timed runs then take the cached
+  path, as training steps do) and then ``reps`` times, keeping the fastest;
+- codecs: each candidate's whole per-rank work on one bucket (encode with the residual, the
+  owner's decode-sum and re-encode, the final decode) by the real reducer on a loop-back comm
+  (no wire), at two bucket sizes; fp16's casts likewise;
+- agreement: every rank's times are allgathered and the slowest rank's time kept per entry, so
+  every rank fits the same lines and :func:`hvdp.auto.decide` takes the same decision.
+
+Its wall time is kept in the table (``probe_s``) and shown by ``compression_stats()``.
+"""
+from __future__ import annotations
+
+import struct
+import time
+from typing import Callable, Dict, List, Sequence, Tuple
+
+from .auto import CostTable, Line
+from .collectives import AVERAGE
+from .twophase import chunk_length
+
+MAX_PROBE_BYTES = 8 * 2**20       # larger buckets: the per-byte cost is extrapolated
+MAX_PROBE_ELEMENTS = 2**20        # codec work: per-element cost beyond is extrapolated
+SMALL_BYTES = 4096
+
+
+class LoopbackComm:
+    """P-worker collectives without a wire: what this rank sends is what it receives. Lets the
+    real reducer run its codec work alone, for timing."""
+
+    def __init__(self, size: int, rank: int, ops):
+        self.size, self.rank, self.ops = size, rank, ops
+
+    def allreduce_async(self, x, name, op, prescale=1.0, postscale=1.0):
+        return x
+
+    def alltoall_async(self, buf, name):
+        return buf
+
+    def allgather_async(self, buf, name):
+        return self.ops.cat([buf] * self.size)
+
+    def wait(self, handle):
+        return handle
+
+
+def _two_sizes(big: int, small: int, unit: int) -> Tuple[int, int]:
+    """Two distinct sizes, multiples of ``unit``: ~small and ~big (at least 4x apart)."""
+    round_up = lambda x: max(unit, -(-int(x) // unit) * unit)  # noqa: E731
+    hi = round_up(max(big, 4 * small))
+    return round_up(min(small, hi // 4)), hi
+
+
+def _best(fn: Callable[[], None], reps: int, clock) -> float:
+    fn()  # untimed: first use (Horovod's negotiation of a new name, allocations)
+    times = []
+    for _ in range(reps):
+        t0 = clock()
+        fn()
+        times.append(clock() - t0)
+    return min(times)
+
+
+def measure(comm, ops, like, bucket_elements: Sequence[int], candidates: Sequence,
+            make_reducer: Callable, gather: Callable[[bytes, str], List[bytes]],
+            reps: int = 2, clock=time.perf_counter, sync: Callable[[], None] = lambda: None) -> CostTable:
+    """Probe links and codecs for buckets of ``bucket_elements`` and return the shared table.
+
+    Args:
+        comm: the optimizer's collectives (``hvdp.collectives.Collectives``), P = ``comm.size``.
+        ops: the adapter's array ops; ``like``: an array on the gradients' device.
+        candidates: codec objects (as ``str(codec)`` keys the compute lines).
+        make_reducer: ``(codec, comm) -> reducer`` exactly as training builds them.
+        gather: ``(bytes, name) -> [every rank's bytes]`` (equal lengths), e.g. the adapter's
+            ``allgather_fixed``.
+        sync: waits for the device (CUDA: ``torch.cuda.synchronize``), called inside timings.
+    """
+    t_start = clock()
+    p = comm.size
+    nmax = max(list(bucket_elements) + [1])
+    entries: List[Tuple[str, str, float]] = []   # (kind, key, x) in the same order on every rank
+    times: List[float] = []
+
+    def timed(kind: str, key: str, x: float, fn: Callable[[], None]) -> None:
+        def run():
+            fn()
+            sync()
+        entries.append((kind, key, x))
+        times.append(_best(run, reps, clock))
+
+    # links
+    for dtype, item in (("float32", 4), ("float16", 2)):
+        for nb in _two_sizes(min(item * nmax, MAX_PROBE_BYTES), SMALL_BYTES, 4 * p):
+            buf = ops.zeros(nb // item, dtype, like=like)
+            name = f"hvdp.probe.ar.{dtype}.{nb}"
+            timed("link", f"allreduce.{dtype}", nb,
+                  lambda b=buf, n=name: comm.wait(comm.allreduce_async(b, n, AVERAGE, 1.0, 1.0)))
+    two_phase = [c for c in candidates if not c.summable]
+    payload = max([c.payload_nbytes(chunk_length(nmax, p, c.align)) for c in two_phase] + [4 * nmax // p])
+    for nb in _two_sizes(min(payload, MAX_PROBE_BYTES // p), SMALL_BYTES // p, 8):
+        send = ops.zeros(p * nb, "uint8", like=like)
+        own = ops.zeros(nb, "uint8", like=like)
+        timed("link", "alltoall", p * nb,
+              lambda b=send, n=f"hvdp.probe.a2a.{nb}": comm.wait(comm.alltoall_async(b, n)))
+        timed("link", "allgather", nb,
+              lambda b=own, n=f"hvdp.probe.ag.{nb}": comm.wait(comm.allgather_async(b, n)))
+    # codecs, alone on this rank
+    loop = LoopbackComm(p, comm.rank, ops)
+    for n in _two_sizes(min(nmax, MAX_PROBE_ELEMENTS), 4096, 1):
+        x = ops.zeros(n, "float32", like=like) + 1.0
+        for c in candidates:
+            if c.name == "none":
+                continue
+            if c.summable:
+                fn = lambda c=c, x=x: ops.cast(ops.cast(x, c.wire_dtype), "float32")  # noqa: E731
+            else:
+                red = make_reducer(c, loop)
+                fn = lambda red=red, x=x: red.finish(red.start("hvdp.probe", x))  # noqa: E731
+            timed("codec", str(c), n, fn)
+    # the slowest rank's time per entry: the same table everywhere
+    mine = struct.pack(f"<{len(times) + 1}d", *times, clock() - t_start)
+    rows = [struct.unpack(f"<{len(times) + 1}d", b) for b in gather(mine, "hvdp.probe.table")]
+    worst = [max(r[i] for r in rows) for i in range(len(times) + 1)]
+    points: Dict[Tuple[str, str], List[Tuple[float, float]]] = {}
+    for (kind, key, x), t in zip(entries, worst):
+        points.setdefault((kind, key), []).append((x, t))
+    links = {k: Line.fit(v) for (kind, k), v in points.items() if kind == "link"}
+    compute = {k: Line.fit(v) for (kind, k), v in points.items() if kind == "codec"}
+    return CostTable(p, links, compute, probe_s=worst[-1])

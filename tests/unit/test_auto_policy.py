@@ -1,0 +1,208 @@
+"""compression="auto": the pure decision on fake cost tables, the probe's plumbing, and the
+per-bucket reducer against the fixed codecs' reducers (numpy reference, simulated workers)."""
+import struct
+
+import numpy as np
+import pytest
+
+from hvdp import codecs
+from hvdp.auto import CostTable, Line, decide, predict
+from hvdp.codecs import Compression
+from hvdp.codecs.auto import Auto
+from hvdp.codecs.resolve import resolve
+from hvdp.mixed import MixedReducer
+from hvdp.ops import NumpyOps
+from hvdp.probe import LoopbackComm, measure
+from hvdp.simcomm import FakeGroup
+from hvdp.twophase import TwoPhaseReducer
+
+OPS = NumpyOps()
+NONE, FP16, BF16, INT8, TOPK = (codecs.get(n) for n in ("none", "fp16", "bf16", "int8", "topk"))
+DEFAULT = Auto().candidates
+
+
+def table(p=2, gbit=1.0, latency=1e-3, fp16_ns=0.5, bf16_ns=1.0, int8_ns=2.0, topk_ns=20.0,
+          codec_fixed=2e-4, fp16_sum_slowdown=1.0):
+    """A link of ``gbit`` Gbit/s per direction (ring: 2(P-1)/P of the buffer crosses it) and
+    codecs costing ``*_ns`` per element."""
+    per_byte = 8 / (gbit * 1e9)
+    ring = 2 * (p - 1) / p
+    links = {"allreduce.float32": Line(latency, ring * per_byte),
+             "allreduce.float16": Line(latency, ring * per_byte * fp16_sum_slowdown),
+             "alltoall": Line(latency, (p - 1) / p * per_byte),    # x: the P-chunk send buffer
+             "allgather": Line(latency, (p - 1) * per_byte)}       # x: this rank's own chunk
+    compute = {str(FP16): Line(codec_fixed, fp16_ns * 1e-9), str(BF16): Line(codec_fixed, bf16_ns * 1e-9),
+               str(INT8): Line(codec_fixed, int8_ns * 1e-9), str(TOPK): Line(codec_fixed, topk_ns * 1e-9)}
+    return CostTable(p, links, compute)
+
+
+def names(choices):
+    return {b: c.codec.name for b, c in choices.items()}
+
+
+def test_one_worker_sends_nothing_so_none_everywhere():
+    got = decide({"b0": 10, "b1": 50_000_000}, DEFAULT, table(p=1, gbit=0.001))
+    assert names(got) == {"b0": "none", "b1": "none"}
+
+
+def test_tiny_buckets_and_fast_links_stay_uncompressed():
+    # 100 Gbit/s: the wire of a 26 MB bucket costs less than any codec's work on it
+    assert names(decide({"b0": 6_500_000}, DEFAULT, table(gbit=100.0))) == {"b0": "none"}
+    # 1 Gbit/s but a 1024-element bucket: two sequential collectives' latency outweigh 3 KB saved
+    assert names(decide({"b0": 1024}, DEFAULT, table(gbit=1.0))) == {"b0": "none"}
+
+
+def test_huge_buckets_on_slow_links_get_int8():
+    got = decide({"b0": 4_000_000, "b1": 300}, DEFAULT, table(gbit=1.0))
+    assert names(got) == {"b0": "int8", "b1": "none"}
+    pred = got["b0"].predicted
+    assert pred[str(INT8)] < pred[str(BF16)] < pred[str(NONE)]
+
+
+def test_middle_link_prefers_a_cast_when_int8_work_outweighs_its_savings():
+    # 10 Gbit/s with an int8 codec at 20 ns/element: half the bytes for 0.5 ns beats a quarter for 20
+    got = decide({"b0": 4_000_000}, DEFAULT, table(gbit=10.0, int8_ns=20.0))
+    assert names(got) == {"b0": "fp16"}
+    # Horovod's fp16 sum slower than its float32 one (measured in the probe): bf16 instead
+    got = decide({"b0": 4_000_000}, DEFAULT, table(gbit=10.0, int8_ns=20.0, fp16_sum_slowdown=3.0))
+    assert names(got) == {"b0": "bf16"}
+
+
+def test_decision_matches_the_model_exactly():
+    t = table(gbit=1.0)
+    n = 1_000_003
+    c = -(-n // 2 // 256) * 256  # int8 chunk of P=2, aligned to the block
+    nb = c + 4 * (c // 256)
+    expect = (t.links["alltoall"](2 * nb) + t.links["allgather"](nb) + t.compute[str(INT8)](n))
+    assert predict(INT8, n, t) == pytest.approx(expect, rel=1e-12)
+    assert predict(NONE, n, t) == pytest.approx(t.links["allreduce.float32"](4 * n), rel=1e-12)
+    assert predict(FP16, n, t) == pytest.approx(t.links["allreduce.float16"](2 * n)
+                                                + t.compute[str(FP16)](n), rel=1e-12)
+
+
+def test_ties_go_to_less_work_deterministically():
+    flat = CostTable(2, {k: Line(1e-3, 0.0) for k in ("allreduce.float32", "allreduce.float16")}
+                     | {k: Line(0.5e-3, 0.0) for k in ("alltoall", "allgather")},
+                     {str(c): Line(0.0, 0.0) for c in (FP16, BF16, INT8)})
+    # every candidate predicts exactly 1 ms: none (no codec work) wins, in any candidate order
+    for order in (DEFAULT, tuple(reversed(DEFAULT))):
+        assert names(decide({"b0": 1 << 20}, order, flat)) == {"b0": "none"}
+    # without none among the candidates passed in: the codec of least measured work, then by name
+    work = CostTable(2, flat.links, {str(FP16): Line(0, 0), str(BF16): Line(0, 0), str(INT8): Line(0, 0)})
+    assert names(decide({"b0": 1 << 20}, (INT8, BF16), work)) == {"b0": "bf16"}
+    # within the margin a less-work codec is kept: int8 2% faster than none is not worth it
+    t = table(gbit=1.0)
+    n = 2_000_000
+    none_t, int8_t = predict(NONE, n, t), predict(INT8, n, t)
+    assert names(decide({"b0": n}, (NONE, INT8), t, margin=none_t / int8_t - 1 + 1e-9)) == {"b0": "none"}
+    assert names(decide({"b0": n}, (NONE, INT8), t, margin=0.0)) == {"b0": "int8"}
+
+
+def test_topk_only_when_listed():
+    t = table(gbit=0.1, topk_ns=2.0)  # a very slow link: topk (1% of the values) would win
+    assert "topk" not in {c.name for c in Auto().candidates}
+    assert names(decide({"b0": 4_000_000}, Auto().candidates, t)) == {"b0": "int8"}
+    listed = Compression.auto.configure(candidates=("int8", Compression.topk.configure(ratio=0.01)))
+    assert [c.name for c in listed.candidates] == ["none", "int8", "topk"]  # none is always there
+    assert names(decide({"b0": 4_000_000}, listed.candidates, t)) == {"b0": "topk"}
+
+
+def test_invalid_candidates_name_the_valid_ones():
+    with pytest.raises(ValueError, match=r"auto candidate 'int9'.*valid names: bf16, fp16, int8, none, topk"):
+        Auto(candidates=("none", "int9"))
+    with pytest.raises(ValueError, match="auto cannot be its own candidate"):
+        Auto(candidates=("auto",))
+    with pytest.raises(ValueError, match="margin"):
+        Auto(margin=1.5)
+    with pytest.raises(ValueError, match=r"no codec 'topk\(ratio=0.01\)'.*probe with the same candidates"):
+        decide({"b0": 10_000}, (NONE, TOPK), CostTable(2, table().links, {}))
+
+
+def test_resolve_and_the_agreement_string():
+    auto, comp = resolve("auto", Compression, allow_auto=True)
+    assert comp is None and isinstance(auto, Auto)
+    assert resolve(Compression.auto, Compression, allow_auto=True)[0] is Compression.auto
+    with pytest.raises(ValueError, match="not supported by this adapter"):
+        resolve("auto", Compression)
+    # the digest covers the settings, not one rank's measurements
+    assert str(Auto()) == "auto(candidates=[none,fp16,bf16,int8(block_size=256)], margin=0.02)"
+    fixed = Auto(costs=table())
+    assert str(fixed) == str(Auto(costs=CostTable.from_dict(table().as_dict())))
+    assert str(fixed) != str(Auto())
+
+
+def test_line_fit():
+    assert Line.fit([(0, 1.0), (10, 3.0)]) == Line(1.0, 0.2)
+    assert Line.fit([(1, 2.0), (3, 2.0), (5, 2.0)]) == Line(2.0, 0.0)
+    assert Line.fit([(1, 5.0), (10, 1.0)]).slope == 0.0          # noise: never a negative slope
+    ln = Line.fit([(1, 0.0), (2, 5.0)])                          # never a negative fixed cost
+    assert ln.fixed == 0.0 and ln.slope > 0
+
+
+def test_probe_plumbing_and_slowest_rank():
+    comm = LoopbackComm(2, 0, OPS)
+    clock = iter(float(i) for i in range(10_000))   # each reading one second later
+
+    def gather(data, name):  # another rank three times slower on every entry
+        k = len(data) // 8
+        mine = struct.unpack(f"<{k}d", data)
+        return [data, struct.pack(f"<{k}d", *[3 * t for t in mine])]
+
+    make = lambda c, cm: TwoPhaseReducer(c, OPS, cm, True)  # noqa: E731
+    t = measure(comm, OPS, None, [3000, 70_000], (NONE, FP16, INT8), make, gather,
+                reps=2, clock=lambda: next(clock))
+    assert t.world == 2
+    assert set(t.links) == {"allreduce.float32", "allreduce.float16", "alltoall", "allgather"}
+    assert set(t.compute) == {str(FP16), str(INT8)}
+    # every timed run took one tick (1 s) on this rank, 3 s on the slower one: the table keeps 3
+    for ln in list(t.links.values()) + list(t.compute.values()):
+        assert ln.fixed == pytest.approx(3.0) and ln.slope == 0.0
+    assert t.probe_s > 0
+
+
+def _reduce(reducers, grads, name):
+    pend = [r.start(name, g) for r, g in zip(reducers, grads)]
+    for r, p in zip(reducers, pend):
+        r.exchange(p)
+    return [r.finish(p) for r, p in zip(reducers, pend)]
+
+
+@pytest.mark.parametrize("p", [1, 2, 3])
+def test_mixed_reducer_equals_the_fixed_codecs(p):
+    rng = np.random.default_rng(p)
+    g = FakeGroup(p)
+    mixed = [MixedReducer(OPS, c, lambda codec, cm: TwoPhaseReducer(codec, OPS, cm, True)) for c in g.comms]
+    for r in mixed:
+        r.assign({"b0": INT8, "b1": NONE, "b2": FP16, "b3": BF16})
+    fixed = {c.name: [TwoPhaseReducer(c, OPS, cm, True) for cm in FakeGroup(p).comms] for c in (INT8, BF16)}
+    for step in range(3):  # error feedback carries over steps
+        grads = {b: [rng.standard_normal(1000 + 7 * i).astype(np.float32) for _ in range(p)]
+                 for i, b in enumerate(("b0", "b1", "b2", "b3"))}
+        out = {b: _reduce(mixed, grads[b], b) for b in grads}
+        for b, codec in (("b0", "int8"), ("b3", "bf16")):
+            ref = _reduce(fixed[codec], grads[b], b)
+            for a, e in zip(out[b], ref):
+                np.testing.assert_array_equal(a, e)
+        exact = np.mean(grads["b1"], axis=0)
+        half = np.mean([x.astype(np.float16) for x in grads["b2"]], axis=0)
+        for r in range(p):
+            np.testing.assert_allclose(out["b1"][r], exact, rtol=1e-6, atol=1e-7)
+            np.testing.assert_allclose(out["b2"][r], half, rtol=1e-3, atol=1e-3)
+            assert out["b2"][r].dtype == np.float32
+    assert set(mixed[0].worker_residual) == {"b0", "b3"}
+    state = mixed[0].state_dict()
+    saved = {k: v.copy() for k, v in mixed[0].worker_residual.items()}
+    assert state["choice"]["b3"] == str(BF16)
+    # a new decision keeps a bucket's residual only where its codec is unchanged
+    mixed[0].assign({"b0": INT8, "b1": NONE, "b2": FP16, "b3": INT8})
+    assert set(mixed[0].worker_residual) == {"b0"}
+    mixed[0].worker.restore({})
+    mixed[0].load_state_dict(state)  # b3 was bf16 when saved, int8 now: not restored
+    assert set(mixed[0].worker_residual) == {"b0"}
+    np.testing.assert_array_equal(mixed[0].worker_residual["b0"], saved["b0"])
+
+
+def test_mixed_reducer_without_a_decision_says_so():
+    r = MixedReducer(OPS, FakeGroup(2).comms[0], lambda c, cm: TwoPhaseReducer(c, OPS, cm, True))
+    with pytest.raises(RuntimeError, match="no codec: the auto decision was not made"):
+        r.start("b0", np.zeros(4, np.float32))
