@@ -51,6 +51,13 @@ class ArrayOps(Protocol):
                  like: Array | None = None) -> Array: ...
     def add_(self, a: Array, b: Array) -> Array: ...
     def mul_(self, a: Array, s: float) -> Array: ...
+    # Host views for the CPU kernels (hvdp.kernels): ``as_numpy`` gives x's data as a numpy array
+    # (zero-copy where the framework allows) or None (a GPU tensor, a graph being traced);
+    # ``writable_views`` says whether writes into that array reach x. ``from_numpy`` wraps a
+    # numpy array as the framework's array (zero-copy where possible).
+    writable_views: bool
+    def as_numpy(self, x: Array) -> "np.ndarray | None": ...
+    def from_numpy(self, a: "np.ndarray", like: Array | None = None) -> Array: ...
 
 
 def _bf16_bits(x: np.ndarray) -> np.ndarray:
@@ -68,6 +75,7 @@ class NumpyOps:
     """Reference implementation of :class:`ArrayOps` (bfloat16 emulated on uint16 bits)."""
 
     name = "numpy"
+    writable_views = True
     _DTYPES = {"float32": np.float32, "float16": np.float16, "int8": np.int8,
                "uint8": np.uint8, "int32": np.int32, "bfloat16": np.uint16}
 
@@ -147,3 +155,9 @@ class NumpyOps:
 
     def mul_(self, a, s):
         return np.multiply(a, np.float32(s), out=a) if a.dtype == np.float32 else np.multiply(a, s, out=a)
+
+    def as_numpy(self, x):
+        return x if isinstance(x, np.ndarray) else None
+
+    def from_numpy(self, a, like=None):
+        return a
