@@ -189,8 +189,8 @@ def make_process_sets(hv: HorovodSets, layout: MeshLayout, given: Sequence[Any] 
         raise MeshError(
             f"hvdp: ProcessMesh(dp={layout.dp}, tp={layout.tp}, pp={layout.pp}) needs {len(missing)} "
             f"process set(s) that Horovod does not have (e.g. ranks {missing[0]}), and dynamic process "
-            "sets are off. Either launch with `horovodrun --dynamic-process-sets` (or "
-            f"{HOROVOD_DYNAMIC_PROCESS_SETS}=1, or hvd.init(process_sets='dynamic')), or register them "
+            "sets are off. Either enable them (hvd.init(process_sets='dynamic'), or launch with "
+            f"{HOROVOD_DYNAMIC_PROCESS_SETS}=1 in the environment of horovodrun), or register them "
             f"at start-up: hvd.init(process_sets=hvd.ProcessMesh.static_process_sets(dp={layout.dp}, "
             f"tp={layout.tp}, pp={layout.pp}))")
     for g in missing:
@@ -208,7 +208,7 @@ class ProcessMesh:
 
     Example::
 
-        hvd.init()                                   # horovodrun --dynamic-process-sets ...
+        hvd.init(process_sets="dynamic")   # or static sets: see static_process_sets
         mesh = hvd.ProcessMesh(dp=2, tp=2)
         opt = hvd.DistributedOptimizer(opt, named_parameters=..., compression="int8",
                                        process_set=mesh.dp)
