@@ -19,6 +19,7 @@ def _t(x, like):
 
 class TFOps:
     name = "tensorflow"
+    writable_views = False  # a tensor's .numpy() is a copy: kernels read it, never write into it
 
     def zeros(self, n, dtype="float32", like=None):
         return tf.zeros([n], dtype=_DT[dtype])
@@ -104,3 +105,12 @@ class TFOps:
 
     def mul_(self, a, s):
         return a * s
+
+    def as_numpy(self, x):
+        # eager tensors only: a graph being traced has no data yet (the array ops run there)
+        if not tf.executing_eagerly() or not hasattr(x, "numpy"):
+            return None
+        return x.numpy()
+
+    def from_numpy(self, a, like=None):
+        return tf.convert_to_tensor(a)

@@ -7,6 +7,7 @@ _DT = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfl
 
 class TorchOps:
     name = "torch"
+    writable_views = True  # .numpy() of a CPU tensor shares its memory
 
     def zeros(self, n, dtype="float32", like=None):
         return torch.zeros(n, dtype=_DT[dtype], device=like.device if like is not None else None)
@@ -84,3 +85,12 @@ class TorchOps:
 
     def mul_(self, a, s):
         return a.mul_(s)
+
+    def as_numpy(self, x):
+        # CPU tensors only (a CUDA tensor gets no CPU kernel); bfloat16 has no numpy dtype
+        if not isinstance(x, torch.Tensor) or x.device.type != "cpu" or x.dtype == torch.bfloat16:
+            return None
+        return x.detach().numpy()
+
+    def from_numpy(self, a, like=None):
+        return torch.from_numpy(a)
