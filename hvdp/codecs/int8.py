@@ -13,6 +13,16 @@ _NONFINITE = -128
 _TINY = 1e-38  # flag magnitude for a flagged block whose finite elements are all zero
 
 
+def _per_block_scale(ops, absmax):
+    """absmax / 127, correctly rounded on every framework and device.
+
+    The divisor is an array, not a Python number: torch on CUDA turns division by a Python
+    scalar into multiplication by its reciprocal, which differs from the division in the last
+    bit for some values (seen on an H200: payloads of the CUDA path differed from numpy's).
+    """
+    return absmax / (ops.zeros(1, "float32", like=absmax) + 127.0)
+
+
 @register
 @dataclass(frozen=True)
 class Int8(Codec):
@@ -36,12 +46,12 @@ class Int8(Codec):
         x2 = ops.reshape(x, (n // self.block_size, self.block_size))
         absmax = ops.amax_rows(ops.abs(x2))  # an inf/NaN in a block makes its absmax non-finite
         if ops.all_finite(absmax):
-            scale = absmax / 127.0
+            scale = _per_block_scale(ops, absmax)
             safe = ops.where(scale > 0, scale, 1.0)
             q = ops.round(x2 / ops.reshape(safe, (-1, 1)))  # |q| <= 127 since |x| <= absmax
             return ops.cat([ops.to_bytes(ops.cast(q, "int8")), ops.to_bytes(ops.cast(scale, "float32"))])
         finite = ops.isfinite(x2)
-        scale = ops.amax_rows(ops.where(finite, ops.abs(x2), 0.0)) / 127.0
+        scale = _per_block_scale(ops, ops.amax_rows(ops.where(finite, ops.abs(x2), 0.0)))
         safe = ops.where(scale > 0, scale, 1.0)
         q = ops.clip(ops.round(x2 / ops.reshape(safe, (-1, 1))), -127.0, 127.0)
         q = ops.where(finite, q, float(_NONFINITE))
