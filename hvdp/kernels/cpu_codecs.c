@@ -1,0 +1,228 @@
+/* Fused CPU kernels of hvdp's int8, bf16 and fp16 codecs: one pass over memory per phase.
+ *
+ * Each function reproduces the array-op reference in hvdp/codecs (numpy) bit for bit, so it is
+ * compiled without -ffast-math and with -ffp-contract=off: float division, rintf (round half to
+ * even) and one rounding per operation, as the reference does.
+ *
+ * int8 payload of an n-element chunk (n a multiple of the block size B): n int8 codes, then n/B
+ * float32 scales. A non-finite value is code -128 and flags its block with a negative scale.
+ * The reference decides per chunk: when no block is flagged, codes are the int8 cast of the
+ * rounded quotient (which wraps in the rare block whose scale is a subnormal float); otherwise
+ * they are clipped to [-127, 127] first. Decoding likewise: a chunk with a negative scale turns
+ * code -128 into NaN.
+ */
+#include <float.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define TINY 1e-38f
+
+static inline uint32_t fbits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+static inline float bitsf(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+static inline float finite_or_zero(float r) { return (fbits(r) & 0x7fffffffu) < 0x7f800000u ? r : 0.0f; }
+
+/* One int8 block: y (B values, already x + prev) -> codes q, returns the stored scale. Writes the
+ * residual y - decode(q) (non-finite -> 0) when res is not NULL. */
+static float int8_block(const float *y, int64_t B, int clip, int8_t *q, float *res, int *flagged)
+{
+    /* two integer max reductions over |y|'s bits (ordered like the floats): all values, and the
+     * finite ones; the compiler vectorises this form */
+    const int32_t *yu = (const int32_t *)y;
+    int32_t m = 0, mall = 0;
+    for (int64_t i = 0; i < B; i++) {
+        int32_t a = yu[i] & 0x7fffffff;
+        int32_t v = a < 0x7f800000 ? a : 0;
+        m = v > m ? v : m;
+        mall = a > mall ? a : mall;
+    }
+    int nf = mall >= 0x7f800000;
+    float scale = bitsf((uint32_t)m) / 127.0f;
+    float safe = scale > 0.0f ? scale : 1.0f;
+    *flagged = nf;
+    if (!nf) {
+        if (clip) {
+            for (int64_t i = 0; i < B; i++) {
+                float r = rintf(y[i] / safe);
+                r = r < -127.0f ? -127.0f : (r > 127.0f ? 127.0f : r);
+                q[i] = (int8_t)(int32_t)r;
+            }
+        } else {
+            for (int64_t i = 0; i < B; i++)
+                q[i] = (int8_t)(int32_t)rintf(y[i] / safe);
+        }
+        if (res)
+            for (int64_t i = 0; i < B; i++)
+                res[i] = finite_or_zero(y[i] - (float)q[i] * scale);
+        return scale;
+    }
+    float mag = scale > TINY ? scale : TINY;
+    for (int64_t i = 0; i < B; i++) {
+        uint32_t fin = (fbits(y[i]) & 0x7fffffffu) < 0x7f800000u;
+        float r = rintf(y[i] / safe);
+        r = r < -127.0f ? -127.0f : (r > 127.0f ? 127.0f : r);
+        q[i] = fin ? (int8_t)(int32_t)r : (int8_t)-128;
+    }
+    if (res)
+        for (int64_t i = 0; i < B; i++) {
+            uint32_t fin = (fbits(y[i]) & 0x7fffffffu) < 0x7f800000u;
+            res[i] = fin ? finite_or_zero(y[i] - (float)q[i] * mag) : 0.0f;
+        }
+    return -mag;
+}
+
+static void load_block(const float *restrict x, const float *restrict prev, int64_t B, float *restrict y)
+{
+    if (prev)
+        for (int64_t i = 0; i < B; i++) y[i] = x[i] + prev[i];
+    else
+        memcpy(y, x, (size_t)B * 4);
+}
+
+/* x (+ prev) -> payload (n + 4 n/B bytes) and, when res is not NULL, the new residual.
+ * res must not overlap x or prev. Returns 0, or -1 when out of memory. */
+int hvdp_int8_encode(const float *x, const float *prev, float *res, uint8_t *out, int64_t n, int64_t B)
+{
+    int64_t nblocks = n / B, first_nf = -1, first_sub = -1;
+    float *y = (float *)malloc((size_t)B * 4);
+    if (!y) return -1;
+    for (int64_t b = 0; b < nblocks; b++) {
+        int flagged;
+        load_block(x + b * B, prev ? prev + b * B : NULL, B, y);
+        float s = int8_block(y, B, first_nf >= 0, (int8_t *)out + b * B, res ? res + b * B : NULL, &flagged);
+        memcpy(out + n + 4 * b, &s, 4);
+        if (flagged && first_nf < 0) first_nf = b;
+        if (!flagged && first_sub < 0 && s > 0.0f && s < FLT_MIN) first_sub = b;
+    }
+    /* the chunk turned out to hold a non-finite value: blocks before it whose subnormal scale may
+     * have wrapped a code are encoded again with the clip the reference applies then */
+    if (first_nf >= 0 && first_sub >= 0 && first_sub < first_nf)
+        for (int64_t b = first_sub; b < first_nf; b++) {
+            int flagged;
+            load_block(x + b * B, prev ? prev + b * B : NULL, B, y);
+            float s = int8_block(y, B, 1, (int8_t *)out + b * B, res ? res + b * B : NULL, &flagged);
+            memcpy(out + n + 4 * b, &s, 4);
+        }
+    free(y);
+    return 0;
+}
+
+static int all_nonnegative(const uint8_t *scales, int64_t nblocks)
+{
+    int ok = 1;
+    for (int64_t b = 0; b < nblocks; b++) {
+        float s;
+        memcpy(&s, scales + 4 * b, 4);
+        ok &= s >= 0.0f;
+    }
+    return ok;
+}
+
+/* out = (decode(payload_0) + ... + decode(payload_{p-1})) * scale (no multiplication when
+ * do_scale is 0), summed in that order in float32; payloads back to back. p = 1: a decode. */
+void hvdp_int8_decode_sum(const uint8_t *pl, int64_t p, int64_t n, int64_t B, float scale, int do_scale, float *out)
+{
+    int64_t nblocks = n / B, nb = n + 4 * nblocks;
+    const float qnan = bitsf(0x7fc00000u);
+    unsigned char gen[64];
+    unsigned char *general = p <= 64 ? gen : (unsigned char *)malloc((size_t)p);
+    for (int64_t j = 0; j < p; j++) general[j] = !all_nonnegative(pl + j * nb + n, nblocks);
+    for (int64_t b = 0; b < nblocks; b++) {
+        float *o = out + b * B;
+        for (int64_t j = 0; j < p; j++) {
+            const int8_t *q = (const int8_t *)(pl + j * nb) + b * B;
+            float s;
+            memcpy(&s, pl + j * nb + n + 4 * b, 4);
+            if (general[j]) {
+                float a = fabsf(s);
+                if (j == 0)
+                    for (int64_t i = 0; i < B; i++) o[i] = q[i] == -128 ? qnan : (float)q[i] * a;
+                else
+                    for (int64_t i = 0; i < B; i++) o[i] = o[i] + (q[i] == -128 ? qnan : (float)q[i] * a);
+            } else if (j == 0) {
+                for (int64_t i = 0; i < B; i++) o[i] = (float)q[i] * s;
+            } else {
+                for (int64_t i = 0; i < B; i++) o[i] = o[i] + (float)q[i] * s;
+            }
+        }
+        if (do_scale)
+            for (int64_t i = 0; i < B; i++) o[i] = o[i] * scale;
+    }
+    if (general != gen) free(general);
+}
+
+/* --- 16-bit casts -------------------------------------------------------------------------- */
+
+static inline uint16_t to_bf16(float y)
+{
+    uint32_t u = fbits(y);
+    uint32_t rounded = (u + ((u >> 16) & 1u) + 0x7fffu) >> 16;
+    uint32_t nan = (u & 0x7fffffffu) > 0x7f800000u;  /* keep a NaN a (quiet) NaN */
+    return (uint16_t)(nan ? ((u >> 16) | 0x40u) : rounded);
+}
+
+static inline float from_bf16(uint16_t h) { return bitsf((uint32_t)h << 16); }
+
+/* float32 -> IEEE half, round to nearest even; a NaN keeps its sign and top payload bits (numpy) */
+static inline uint16_t to_fp16(float y)
+{
+    uint32_t u = fbits(y), sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu, o;
+    if (a >= 0x47800000u) {                      /* >= 65536, inf or NaN */
+        uint32_t nan = 0x7c00u + ((a & 0x007fffffu) >> 13);
+        nan += nan == 0x7c00u;
+        o = a > 0x7f800000u ? nan : 0x7c00u;
+    } else if (a < 0x38800000u) {                /* a half subnormal (or zero): let the FPU round */
+        o = fbits(bitsf(a) + 0.5f) - 0x3f000000u;
+    } else {                                     /* normal; a carry may round up to inf */
+        o = (a + 0xc8000fffu + ((a >> 13) & 1u)) >> 13;
+    }
+    return (uint16_t)(o | sign);
+}
+
+static inline float from_fp16(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, a = h & 0x7fffu;
+    float sub = (float)(a & 0x3ffu) * 5.9604644775390625e-8f;   /* a * 2^-24, exact */
+    uint32_t v = a >= 0x7c00u ? (0x7f800000u | ((a & 0x3ffu) << 13)) :
+                 a >= 0x0400u ? ((a << 13) + 0x38000000u) : fbits(sub);
+    return bitsf(v | sign);
+}
+
+#define CAST_KERNELS(NAME, TO, FROM)                                                               \
+void hvdp_##NAME##_encode(const float *x, const float *prev, float *res, uint16_t *out, int64_t n) \
+{                                                                                                  \
+    if (prev && res) {                                                                             \
+        for (int64_t i = 0; i < n; i++) {                                                          \
+            float y = x[i] + prev[i];                                                              \
+            uint16_t h = TO(y);                                                                    \
+            out[i] = h;                                                                            \
+            res[i] = finite_or_zero(y - FROM(h));                                                  \
+        }                                                                                          \
+    } else if (res) {                                                                              \
+        for (int64_t i = 0; i < n; i++) {                                                          \
+            uint16_t h = TO(x[i]);                                                                 \
+            out[i] = h;                                                                            \
+            res[i] = finite_or_zero(x[i] - FROM(h));                                               \
+        }                                                                                          \
+    } else if (prev) {                                                                             \
+        for (int64_t i = 0; i < n; i++) out[i] = TO(x[i] + prev[i]);                               \
+    } else {                                                                                       \
+        for (int64_t i = 0; i < n; i++) out[i] = TO(x[i]);                                         \
+    }                                                                                              \
+}                                                                                                  \
+void hvdp_##NAME##_decode_sum(const uint16_t *pl, int64_t p, int64_t n, float scale, int do_scale, float *out) \
+{                                                                                                  \
+    const int64_t T = 4096;                                                                        \
+    for (int64_t t = 0; t < n; t += T) {                                                           \
+        int64_t e = t + T < n ? t + T : n;                                                         \
+        for (int64_t i = t; i < e; i++) out[i] = FROM(pl[i]);                                      \
+        for (int64_t j = 1; j < p; j++)                                                            \
+            for (int64_t i = t; i < e; i++) out[i] = out[i] + FROM(pl[j * n + i]);                 \
+        if (do_scale)                                                                              \
+            for (int64_t i = t; i < e; i++) out[i] = out[i] * scale;                               \
+    }                                                                                              \
+}
+
+CAST_KERNELS(bf16, to_bf16, from_bf16)
+CAST_KERNELS(fp16, to_fp16, from_fp16)
