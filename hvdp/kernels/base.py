@@ -41,10 +41,11 @@ class CodecKernels(Protocol):
         Args:
             x: float32 chunk of length c (a multiple of ``codec.align``); not modified.
             prev: float32[c] or None. The encoded value is y = x + prev, added in float32 exactly
-                like the reference ``x + prev``; not modified (it may be the same array as
-                ``residual``: each element is read before it is written).
+                like the reference ``x + prev``; not modified.
             residual: float32[c] or None. When given, receives y - decode(payload), with
-                non-finite results replaced by 0 (the reducer's ``_finite_or_zero`` rule).
+                non-finite results replaced by 0 (the reducer's ``_finite_or_zero`` rule). It must
+                not overlap x or prev (the reducer writes a new residual each step: a snapshot
+                of the old one, e.g. an elastic commit, stays valid).
             out: uint8 array of ``codec.payload_nbytes(c)`` bytes (e.g. a slice of a send
                 buffer) or None.
 
