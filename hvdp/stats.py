@@ -1,4 +1,5 @@
-"""Wire-byte accounting: what each step handed to the collectives, against the fp32 ring."""
+"""Wire-byte accounting: what each step handed to the collectives, against the fp32 ring; and
+where a compressed step's time goes (encode, wire wait, owner work, final decode)."""
 from __future__ import annotations
 
 from collections import defaultdict
@@ -21,15 +22,33 @@ class WireStats:
     ``sent`` is the bytes leaving this worker (ring / pairwise formulas applied to the buffers
     actually handed to the collectives); ``fp32`` what a float32 ring allreduce of the same
     gradients would send; ``handed`` the raw size of those buffers.
+
+    Phase times (seconds, ``time.perf_counter``) of the two-phase reductions: ``encode`` (worker
+    side, residual included), ``wire_wait`` (blocked in ``comm.wait``), ``owner`` (decode, sum,
+    re-encode of the chunk this rank reduces), ``final_decode``; shown as mean ms per step.
+    ``paths`` says which implementation ran each codec ("cpu-c", "array ops", ...).
     """
 
-    __slots__ = ("_step", "_last", "_total", "steps")
+    __slots__ = ("_step", "_last", "_total", "steps", "_t_step", "_t_last", "_t_total", "paths")
+
+    PHASES = ("encode", "wire_wait", "owner", "final_decode")
 
     def __init__(self):
         self._step: Dict[str, Dict[str, float]] = defaultdict(lambda: defaultdict(float))
         self._last: Dict[str, Dict[str, float]] = {}
         self._total: Dict[str, Dict[str, float]] = defaultdict(lambda: defaultdict(float))
         self.steps = 0
+        # phase -> seconds: this step so far, the last completed step, since the start
+        self._t_step: Dict[str, float] = defaultdict(float)
+        self._t_last: Dict[str, float] = {}
+        self._t_total: Dict[str, float] = defaultdict(float)
+        self.paths: Dict[str, str] = {}
+
+    def time(self, phase: str, seconds: float) -> None:
+        self._t_step[phase] += seconds
+
+    def path(self, codec: str, path: str) -> None:
+        self.paths[codec] = path
 
     def record(self, codec: str, elements: int, handed: int, sent: float, fp32: float) -> None:
         row = self._step[codec]
@@ -45,6 +64,10 @@ class WireStats:
             for f, x in v.items():
                 self._total[k][f] += x
         self._step.clear()
+        self._t_last = dict(self._t_step)
+        for k, v in self._t_step.items():
+            self._t_total[k] += v
+        self._t_step.clear()
         self.steps += 1
 
     @staticmethod
@@ -55,7 +78,15 @@ class WireStats:
         out["all"] = {"sent": sent, "fp32": fp32, "ratio": sent / fp32 if fp32 else 1.0}
         return out
 
+    def phase_ms(self, last: bool = False) -> Dict[str, float]:
+        """Mean ms per step of each phase since the start (``last``: of the last step)."""
+        if last:
+            return {k: 1e3 * self._t_last.get(k, 0.0) for k in self.PHASES}
+        return {k: 1e3 * self._t_total.get(k, 0.0) / max(self.steps, 1) for k in self.PHASES}
+
     def summary(self) -> dict:
-        """``{"last_step": {codec: {...}, "all": {...}}, "total": {...}, "steps": n}``."""
+        """``{"last_step": {codec: {...}, "all": {...}}, "total": {...}, "steps": n,
+        "phase_ms": {phase: mean ms per step}, "phase_ms_last_step": {...}, "paths": {codec: path}}``."""
         return {"last_step": self._summary(self._last), "total": self._summary(self._total),
-                "steps": self.steps}
+                "steps": self.steps, "phase_ms": self.phase_ms(), "phase_ms_last_step": self.phase_ms(True),
+                "paths": dict(self.paths)}

@@ -6,13 +6,21 @@ equal chunks and encodes each; an ``alltoall`` gives rank r every worker's chunk
 decodes and sums in float32; it re-encodes that reduced chunk (keeping a server-side residual)
 and an ``allgather`` hands every rank every reduced chunk. All ranks decode the same bytes, so
 they end bit-identical. Per worker 2(P-1)/P * N * b bytes are sent (b bytes per element).
+
+Where fused kernels serve the codec on the bucket's device (``hvdp.kernels.select``; the ops'
+arrays must be writable in place), each phase is one kernel call per chunk: encode with the
+residual straight into the send buffer, decode-and-sum of the received payloads, decode straight
+into the result. Otherwise the codec's array ops run. Both paths give the same bits. The time of
+each phase (encode, wire wait, owner work, final decode) goes to ``WireStats``.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any, Dict, Optional
 
 from .collectives import AVERAGE, Collectives
+from .kernels import registry as _kernels
 from .stats import WireStats, ring_allreduce_bytes, two_phase_bytes
 
 Array = Any
@@ -55,6 +63,7 @@ class _Pending:
     phase: int = 1
     own: Any = None        # this rank's own chunk as decoded for the residual: reused, not decoded again
     own_final: Any = None  # likewise for the reduced chunk this rank owns
+    kernels: Any = None    # the fused kernels of this bucket, or None: array ops
 
 
 class TwoPhaseReducer:
@@ -79,6 +88,29 @@ class TwoPhaseReducer:
         # bucket; server side: the chunk this rank reduces)
         self.worker = worker_store if worker_store is not None else DictStore()
         self.server = server_store if server_store is not None else DictStore()
+        self._kernels: Dict[str, Any] = {}  # by device: kernels, or None (array ops)
+
+    def kernels_for(self, like):
+        """The fused kernels for buckets like ``like`` (chosen once per device), or None."""
+        key = f"{type(like).__name__}:{getattr(like, 'device', '')}"
+        if key not in self._kernels:
+            k = None
+            if getattr(self.ops, "writable_views", False):  # kernels write into the reducer's buffers
+                k = _kernels.select(self.codec, self.ops, like)
+            self._kernels[key] = k
+            if self.stats is not None:
+                self.stats.path(self.codec.name, getattr(k, "path", "array ops"))
+        return self._kernels[key]
+
+    def _time(self, phase, t0):
+        if self.stats is not None:
+            self.stats.time(phase, time.perf_counter() - t0)
+
+    def _wait(self, handle):
+        t0 = time.perf_counter()
+        got = self.comm.wait(handle)
+        self._time("wire_wait", t0)
+        return got
 
     @property
     def worker_residual(self) -> dict:
@@ -122,11 +154,42 @@ class TwoPhaseReducer:
         return self.ops.cat([tail, self.ops.zeros(hi - max(lo, n), "float32", like=flat)])
 
     def start(self, name: str, flat: Array) -> _Pending:
+        t0 = time.perf_counter()
+        p, n = self.comm.size, self.ops.size(flat)
+        c = chunk_length(n, p, self.codec.align)
+        k = self.kernels_for(flat)
+        send, own = self._encode_kernel(k, name, flat, n, c) if k is not None else \
+            self._encode_ops(name, flat, n, c)
+        self._time("encode", t0)
+        handle = self.comm.alltoall_async(send, f"hvdp.a2a.{name}") if p > 1 else send
+        if self.stats is not None:
+            nb = self.codec.payload_nbytes(c)
+            self.stats.record(self.codec.name, n, handed=2 * p * nb, sent=two_phase_bytes(nb, p),
+                              fp32=ring_allreduce_bytes(4 * n, p))
+        return _Pending(name, n, c, handle, own=own, kernels=k)
+
+    def _encode_kernel(self, k, name, flat, n, c):
+        """Every chunk (+ its residual) encoded by one kernel call into the send buffer; the new
+        residual is a new buffer (a snapshot of the old one stays valid)."""
+        ops, p = self.ops, self.comm.size
+        nb = self.codec.payload_nbytes(c)
+        send = ops.zeros(p * nb, "uint8", like=flat)
+        prev = res = None
+        if self.error_feedback:
+            prev = self.worker.get(name)
+            prev = prev if prev is not None and ops.size(prev) == c * p else None
+            res = ops.zeros(c * p, "float32", like=flat)
+        for i in range(p):
+            k.encode(self._chunk(flat, i, c, n), prev=None if prev is None else prev[i * c:(i + 1) * c],
+                     residual=None if res is None else res[i * c:(i + 1) * c], out=send[i * nb:(i + 1) * nb])
+        if res is not None:
+            self.worker.set(name, res)
+        return send, None
+
+    def _encode_ops(self, name: str, flat: Array, n: int, c: int):
         # Chunk by chunk: the padded bucket, its corrected value and its decoded value never
         # exist whole; only the new residual and the payloads do (peak memory, issue 18).
         ops, p = self.ops, self.comm.size
-        n = ops.size(flat)
-        c = chunk_length(n, p, self.codec.align)
         payloads, own = [None] * p, None
         if self.error_feedback:
             prev = self.worker.get(name)
@@ -152,18 +215,33 @@ class TwoPhaseReducer:
             self.worker.set(name, ops.assemble(c * p, "float32", residual_chunks(), like=flat))
         else:
             payloads = [self.codec.encode(ops, self._chunk(flat, i, c, n)) for i in range(p)]
-        send = ops.cat(payloads)
-        del payloads
-        handle = self.comm.alltoall_async(send, f"hvdp.a2a.{name}") if p > 1 else send
-        if self.stats is not None:
-            nb = self.codec.payload_nbytes(c)
-            self.stats.record(self.codec.name, n, handed=2 * p * nb, sent=two_phase_bytes(nb, p),
-                              fp32=ring_allreduce_bytes(4 * n, p))
-        return _Pending(name, n, c, handle, own=own)
+        return ops.cat(payloads), own
 
     def exchange(self, pend: _Pending) -> None:
         ops, p, c = self.ops, self.comm.size, pend.chunk
-        recv = self.comm.wait(pend.handle) if p > 1 else pend.handle
+        recv = self._wait(pend.handle) if p > 1 else pend.handle
+        t0 = time.perf_counter()
+        scale = self.postscale / p if self.op == AVERAGE else self.postscale
+        k = pend.kernels
+        if k is not None:  # decode and sum in one pass, then encode with the server residual
+            acc = k.decode_sum(recv, p, c, scale)
+            pend.own = None
+            if self.error_feedback:
+                prev = self.server.get(pend.name)
+                res = ops.zeros(c, "float32", like=acc)
+                payload = k.encode(acc, prev=prev if prev is not None and ops.size(prev) == c else None,
+                                   residual=res)
+                self.server.set(pend.name, res)
+            else:
+                payload = k.encode(acc)
+        else:
+            payload = self._exchange_ops(pend, recv, scale)
+        self._time("owner", t0)
+        pend.handle = self.comm.allgather_async(payload, f"hvdp.ag.{pend.name}") if p > 1 else payload
+        pend.phase = 2
+
+    def _exchange_ops(self, pend, recv, scale):
+        ops, p, c = self.ops, self.comm.size, pend.chunk
         nb = self.codec.payload_nbytes(c)
         acc = None
         for j in range(p):  # fixed order: the owner's sum is deterministic
@@ -172,23 +250,28 @@ class TwoPhaseReducer:
             # acc is this step's own temporary (a decoded chunk): summed into in place
             acc = part if acc is None else ops.add_(acc, part)
         pend.own = None
-        scale = self.postscale / p if self.op == AVERAGE else self.postscale
         if scale != 1.0:
             acc = ops.mul_(acc, scale)
         payload, pend.own_final = self._encode_with_feedback(acc, self.server, pend.name)
-        pend.handle = self.comm.allgather_async(payload, f"hvdp.ag.{pend.name}") if p > 1 else payload
-        pend.phase = 2
+        return payload
 
     def finish(self, pend: _Pending) -> Array:
         if pend.phase == 1:
             self.exchange(pend)
         ops, p, c = self.ops, self.comm.size, pend.chunk
-        got = self.comm.wait(pend.handle) if p > 1 else pend.handle
+        got = self._wait(pend.handle) if p > 1 else pend.handle
+        t0 = time.perf_counter()
         nb = self.codec.payload_nbytes(c)
-        own, pend.own_final = pend.own_final, None
-        out = ops.assemble(c * p, "float32", ((j * c, own if (j == self.comm.rank and own is not None)
-                                               else self.codec.decode(ops, got[j * nb:(j + 1) * nb], c))
-                                              for j in range(p)), like=got)
+        if pend.kernels is not None:  # straight into the result
+            out = ops.zeros(c * p, "float32", like=got)
+            for j in range(p):
+                pend.kernels.decode(got[j * nb:(j + 1) * nb], c, out=out[j * c:(j + 1) * c])
+        else:
+            own, pend.own_final = pend.own_final, None
+            out = ops.assemble(c * p, "float32", ((j * c, own if (j == self.comm.rank and own is not None)
+                                                   else self.codec.decode(ops, got[j * nb:(j + 1) * nb], c))
+                                                  for j in range(p)), like=got)
+        self._time("final_decode", t0)
         return out[:pend.n]
 
     # --- state ------------------------------------------------------------------------------

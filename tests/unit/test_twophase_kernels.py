@@ -1,0 +1,112 @@
+"""The two-phase reducer through the fused CPU kernels and through the codecs' array ops: the
+same bytes on the wire, the same results and residuals, step after step (simulated workers)."""
+import numpy as np
+import pytest
+
+from hvdp import codecs
+from hvdp.collectives import AVERAGE, SUM
+from hvdp.kernels import registry
+from hvdp.kernels.build import find_compiler
+from hvdp.kernels.registry import Unavailable
+from hvdp.ops import NumpyOps
+from hvdp.simcomm import FakeGroup
+from hvdp.stats import WireStats
+from hvdp.twophase import TwoPhaseReducer
+
+OPS = NumpyOps()
+try:
+    find_compiler()
+except Unavailable as e:
+    pytest.skip(f"no C compiler: {e}", allow_module_level=True)
+
+
+def run(p, codec, ef, steps, grads, monkeypatch, kernels, op=AVERAGE, postscale=1.0):
+    """Every step's results, wire buffers and residuals of P simulated workers."""
+    monkeypatch.setenv("HVDP_KERNELS", "auto" if kernels else "off")
+    g = FakeGroup(p)
+    stats = [WireStats() for _ in range(p)]
+    rs = [TwoPhaseReducer(codec, OPS, c, ef, op, postscale, stats=s) for c, s in zip(g.comms, stats)]
+    history = []
+    for step in range(steps):
+        g.board.clear()
+        pend = [r.start("b0", grads[step][i].copy()) for i, r in enumerate(rs)]
+        for r, pe in zip(rs, pend):
+            r.exchange(pe)
+        outs = [r.finish(pe) for r, pe in zip(rs, pend)]
+        for s in stats:
+            s.end_step()
+        wire = {k: {rank: v.tobytes() for rank, v in parts.items()} for k, parts in g.board.items()}
+        history.append((outs, wire, [r.worker_residual for r in rs], [r.server_residual for r in rs]))
+    want = "cpu-c" if kernels else "array ops"
+    assert all(s.paths == {codec.name: want} for s in stats), [s.paths for s in stats]
+    return history, stats
+
+
+def bits(a):
+    return np.asarray(a).view(np.uint32 if np.asarray(a).dtype == np.float32 else np.uint8)
+
+
+def grads_for(p, n, steps, seed, nonfinite=False):
+    rng = np.random.default_rng(seed)
+    out = []
+    for s in range(steps):
+        row = [(rng.standard_normal(n) * 10.0 ** rng.uniform(-3, 2)).astype(np.float32) for _ in range(p)]
+        if nonfinite and s == 1:
+            row[0][n // 3] = np.inf
+            row[-1][n // 2] = np.nan
+        out.append(row)
+    return out
+
+
+@pytest.mark.parametrize("p", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize("ef", [False, True])
+@pytest.mark.parametrize("codec", ["int8:64", "int8:256", "bf16"])
+def test_kernel_path_equals_array_ops(p, ef, codec, monkeypatch):
+    name, _, block = codec.partition(":")
+    c = codecs.get(name, block_size=int(block)) if block else codecs.get(name)
+    n, steps = 1000 + 37 * p, 4
+    grads = grads_for(p, n, steps, seed=p * 10 + ef, nonfinite=(p == 3))
+    ref, _ = run(p, c, ef, steps, grads, monkeypatch, kernels=False)
+    got, stats = run(p, c, ef, steps, grads, monkeypatch, kernels=True)
+    for step, ((o1, w1, wr1, sr1), (o2, w2, wr2, sr2)) in enumerate(zip(ref, got)):
+        assert w1 == w2, f"step {step}: different bytes on the wire"
+        for a, b in zip(o1, o2):
+            assert a.shape == (n,)
+            np.testing.assert_array_equal(bits(a), bits(b))
+        for r1, r2 in zip(wr1 + sr1, wr2 + sr2):
+            assert r1.keys() == r2.keys() == ({"b0"} if ef else set())
+            for k in r1:
+                np.testing.assert_array_equal(bits(r1[k]), bits(r2[k]))
+    if p == 3:  # the non-finite step really sent NaN through, on both paths
+        assert np.isnan(ref[1][0][0]).any() and np.isnan(got[1][0][0]).any()
+    phases = stats[0].summary()["phase_ms"]
+    assert set(phases) == {"encode", "wire_wait", "owner", "final_decode"}
+    assert phases["encode"] > 0 and phases["owner"] > 0 and phases["final_decode"] > 0
+    assert (phases["wire_wait"] > 0) == (p > 1)
+
+
+def test_sum_op_postscale_and_old_snapshot_stay_valid(monkeypatch):
+    c = codecs.get("int8", block_size=128)
+    grads = grads_for(2, 999, 3, seed=7)
+    ref, _ = run(2, c, True, 3, grads, monkeypatch, kernels=False, op=SUM, postscale=0.5)
+    got, _ = run(2, c, True, 3, grads, monkeypatch, kernels=True, op=SUM, postscale=0.5)
+    for (o1, w1, wr1, _), (o2, w2, wr2, _) in zip(ref, got):
+        assert w1 == w2
+        np.testing.assert_array_equal(bits(o1[0]), bits(o2[0]))
+    # residual snapshots of step 1 were not overwritten by later steps (new buffer per step)
+    assert not np.array_equal(got[0][2][0]["b0"], got[2][2][0]["b0"])
+    np.testing.assert_array_equal(bits(got[0][2][0]["b0"]), bits(ref[0][2][0]["b0"]))
+
+
+def test_reducer_keeps_array_ops_where_no_kernel(monkeypatch):
+    monkeypatch.setenv("HVDP_KERNELS", "auto")
+    g = FakeGroup(2)
+    topk = TwoPhaseReducer(codecs.get("topk"), OPS, g.comms[0], True)
+    assert topk.kernels_for(np.zeros(4, np.float32)) is None
+
+    class ReadOnlyOps(NumpyOps):  # like TF: kernels could read, never write into its arrays
+        writable_views = False
+
+    r = TwoPhaseReducer(codecs.get("int8"), ReadOnlyOps(), g.comms[0], True)
+    assert r.kernels_for(np.zeros(4, np.float32)) is None
+    assert registry.select(codecs.get("int8"), ReadOnlyOps(), np.zeros(4, np.float32)) is not None
