@@ -12,8 +12,11 @@ probe times exactly the paths training will take):
 - codecs: each candidate's whole per-rank work on one bucket (encode with the residual, the
   owner's decode-sum and re-encode, the final decode) by the real reducer on a loop-back comm
   (no wire), at two bucket sizes; fp16's casts likewise;
-- agreement: every rank's times are allgathered and the slowest rank's time kept per entry, so
-  every rank fits the same lines and :func:`hvdp.auto.decide` takes the same decision.
+- agreement: every rank's times are allgathered and combined the same way on every rank, so
+  every rank fits the same lines and :func:`hvdp.auto.decide` takes the same decision. A
+  collective's time is the fastest rank's: a rank that came early to it also measured its wait
+  for the others, the last to come measured the collective alone. A codec's time is the slowest
+  rank's: the slowest rank sets the pace of a data-parallel step.
 
 Its wall time is kept in the table (``probe_s``) and shown by ``compression_stats()``.
 """
@@ -71,7 +74,7 @@ def _best(fn: Callable[[], None], reps: int, clock) -> float:
 
 def measure(comm, ops, like, bucket_elements: Sequence[int], candidates: Sequence,
             make_reducer: Callable, gather: Callable[[bytes, str], List[bytes]],
-            reps: int = 2, clock=time.perf_counter, sync: Callable[[], None] = lambda: None) -> CostTable:
+            reps: int = 3, clock=time.perf_counter, sync: Callable[[], None] = lambda: None) -> CostTable:
     """Probe links and codecs for buckets of ``bucket_elements`` and return the shared table.
 
     Args:
@@ -125,13 +128,14 @@ def measure(comm, ops, like, bucket_elements: Sequence[int], candidates: Sequenc
                 red = make_reducer(c, loop)
                 fn = lambda red=red, x=x: red.finish(red.start("hvdp.probe", x))  # noqa: E731
             timed("codec", str(c), n, fn)
-    # the slowest rank's time per entry: the same table everywhere
+    # the same table everywhere (see the module's docstring for min / max)
     mine = struct.pack(f"<{len(times) + 1}d", *times, clock() - t_start)
     rows = [struct.unpack(f"<{len(times) + 1}d", b) for b in gather(mine, "hvdp.probe.table")]
-    worst = [max(r[i] for r in rows) for i in range(len(times) + 1)]
+    pick = [min if kind == "link" else max for kind, _, _ in entries] + [max]
+    agreed = [pick[i](r[i] for r in rows) for i in range(len(times) + 1)]
     points: Dict[Tuple[str, str], List[Tuple[float, float]]] = {}
-    for (kind, key, x), t in zip(entries, worst):
+    for (kind, key, x), t in zip(entries, agreed):
         points.setdefault((kind, key), []).append((x, t))
     links = {k: Line.fit(v) for (kind, k), v in points.items() if kind == "link"}
     compute = {k: Line.fit(v) for (kind, k), v in points.items() if kind == "codec"}
-    return CostTable(p, links, compute, probe_s=worst[-1])
+    return CostTable(p, links, compute, probe_s=agreed[-1])

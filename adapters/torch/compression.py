@@ -6,5 +6,6 @@ from hvdp.codecs.resolve import resolve as _resolve
 
 
 def resolve(compression):
-    """-> (hvdp codec or None, Horovod compressor or None); see :func:`hvdp.codecs.resolve.resolve`."""
-    return _resolve(compression, _hvd.Compression)
+    """-> (hvdp codec, ``Auto`` settings or None; Horovod compressor or None); see
+    :func:`hvdp.codecs.resolve.resolve`."""
+    return _resolve(compression, _hvd.Compression, allow_auto=True)

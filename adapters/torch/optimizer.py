@@ -13,22 +13,18 @@ import torch
 
 from hvdp.collectives import AVERAGE, SUM
 from hvdp.config import HVDP_COMPILE_CODECS
-from hvdp.join import JoinableReducer
+from hvdp.codecs.auto import Auto
 from hvdp.plan import CompressionPolicy
 from hvdp.stats import WireStats
-from hvdp.twophase import TwoPhaseReducer
 
 from . import plain
 from .agreement import REPORTER, check_optimizer
+from .autochoice import ensure_decided, make_reducer
 from .comm import TorchCollectives, next_instance
-from .compiled import CompiledCodec
 from .compression import Compression, resolve
 from .join import OPTIMIZERS, StepControl
 from .layout import Layout, kept_buckets, make_layout, named, trainable_ids
-from .ops import TorchOps
 from .presence import Presence
-
-_OPS = TorchOps()
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
@@ -48,21 +44,17 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._comm = TorchCollectives(process_set, scope=f"hvdp.opt{self._instance}.")
         self._all_names = {id(p): k for k, p in named(self.param_groups, named_parameters)}
         self._groups_arg = groups
-        two_phase = codec is not None and not codec.summable
+        # auto: buckets as for a two-phase codec, each with the codec its probe chose
+        two_phase = codec is not None and (isinstance(codec, Auto) or not codec.summable)
         self._layout = None
         self._set_layout(make_layout(self.param_groups, self._all_names, groups, policy, two_phase))
-        ef = policy.error_feedback if policy.error_feedback is not None else \
-            (codec.error_feedback_default if codec is not None else False)
         self.stats = WireStats()
-        run_codec = CompiledCodec(codec) if (two_phase and compile_codecs) else codec
-        self._reducer = TwoPhaseReducer(run_codec, _OPS, self._comm, ef, self._op, self._predivide,
-                                        self.stats) if two_phase else None
+        self._compile_codecs = compile_codecs
         # uneven inputs (hvdp.join): a per-step "has anyone joined?", and buckets that switch to
         # an allreduce in such a step
         self._join = (StepControl(self._comm, self._params[0].device if self._params else None)
-                      if (uneven_inputs and self._reducer is not None) else None)
-        if self._join is not None:
-            self._reducer = JoinableReducer(self._reducer, self._join.joined)
+                      if (uneven_inputs and two_phase) else None)
+        self._reducer, self._auto = make_reducer(self, codec, compile_codecs)
         OPTIMIZERS.add(self)
         self._presence = Presence(self._comm)
         # internal state, reset every step
@@ -112,6 +104,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             for store in (self._reducer.worker, self._reducer.server):
                 store.restore({k: v for k, v in store.snapshot().items() if k in keep})
         self._delay = {p: self._bpps for p in self._params}
+        if self._auto is not None:  # new buckets: a new decision
+            self._auto.invalidate()
         if self._hooks:
             self._register_hooks()
         check_optimizer(self)
@@ -124,6 +118,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if self._fresh:  # the step's first gradient: nothing launched yet
             self._fresh = False
             self._follow_requires_grad()
+            ensure_decided(self)
         if p not in self._delay:  # frozen since: not reduced (its gradient is the user's)
             return
         if self._join is not None:
@@ -167,7 +162,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _allreduce_plain(self, ps):
         """Horovod's contract: compress (a cast), sum/average, decompress. One handle per tensor."""
-        codec = self._codec if (self._codec is not None and self._codec.summable
+        codec = self._codec if (getattr(self._codec, "summable", False)
                                 and self._compressing()) else Compression.none
         wire = None if (self._hvd_compressor is not None or codec.wire_dtype == "float32") \
             else getattr(torch, codec.wire_dtype)
@@ -210,6 +205,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _clear_pending(self):
         """Drop a failed step's reductions (also called by elastic restore/sync)."""
+        if self._auto is not None:  # after a reset the link and the workers may differ: probe again
+            self._auto.invalidate()
         self._presence.reset()
         self._end_step()
 
@@ -227,6 +224,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if self._fresh:  # step() without backward
             self._fresh = False
             self._follow_requires_grad()
+            ensure_decided(self)
         for p in self._params:  # unused in this step's graph, or fewer passes than configured
             if self._delay[p] > 0 and (p not in self._handles):
                 self._delay[p] = 0
@@ -291,10 +289,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         check_optimizer(self)
 
     def compression_stats(self):
-        """Bytes handed to collectives per step by codec vs a float32 ring (see WireStats)."""
-        return dict(self.stats.summary(), codec=str(self._codec) if self._codec else "horovod",
-                    compressed_tensors=sum(len(b) for b in self._plan.buckets),
-                    plain_tensors=len(self._plan.plain))
+        """Bytes handed to collectives per step by codec vs a float32 ring (see WireStats); with
+        ``compression="auto"`` also ``"auto"``: the codec per bucket and the costs behind it."""
+        out = dict(self.stats.summary(), codec=str(self._codec) if self._codec else "horovod",
+                   compressed_tensors=sum(len(b) for b in self._plan.buckets),
+                   plain_tensors=len(self._plan.plain))
+        if self._auto is not None:
+            out["auto"] = self._auto.summary()
+        return out
 
     def state_dict(self):
         sd = super(self.__class__, self).state_dict()
@@ -320,7 +322,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     """Wrap a torch optimizer so each step averages gradients across workers first.
 
     Horovod's arguments keep Horovod's meaning. ``compression`` also takes a codec name
-    ("none", "fp16", "bf16", "int8", "topk") or an ``hvd.Compression`` member; ``policy`` an
+    ("none", "fp16", "bf16", "int8", "topk"), an ``hvd.Compression`` member, or "auto"
+    (``hvd.Compression.auto``: hvdp probes the link and codecs at the first step and picks a
+    codec per bucket, see ``hvdp.auto``); ``policy`` an
     :class:`hvdp.CompressionPolicy` (size threshold, name patterns, warm-up, fusion, error feedback);
     ``compile_codecs`` fuses the codec with torch.compile (default: env ``HVDP_COMPILE_CODECS=1``);
     ``uneven_inputs=True`` lets ranks with fewer batches call ``hvd.join()`` with any codec (one
@@ -332,6 +336,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
                                        compression="int8")
     """
     codec, hvd_compressor = resolve(compression)
+    auto = isinstance(codec, Auto)
     if policy is None:
         policy = CompressionPolicy()
     elif not isinstance(policy, CompressionPolicy):
@@ -341,7 +346,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     if backward_passes_per_step < 1:
         raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
     if op == _hvd.Adasum:
-        if codec is not None and not codec.summable:
+        if codec is not None and (auto or not codec.summable):
             raise ValueError(f"op=hvd.Adasum cannot combine with {codec.name} compression (Adasum "
                              "needs whole tensors); use compression 'none' or 'fp16'")
         hc = hvd_compressor or (_hvd.Compression.fp16 if codec.name == "fp16" else _hvd.Compression.none)
