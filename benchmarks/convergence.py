@@ -1,8 +1,13 @@
-"""Final test accuracy on digits by compression, same seeds and steps, 2 workers (horovodrun).
+"""Convergence by compression on two workloads: the CNN (examples/torch_cnn.py, test accuracy)
+and the byte-level GPT (examples/torch_gpt.py, held-out loss); 2 workers, the same seeds, global
+batch and steps for every codec.
 
-    python benchmarks/convergence.py [--seeds 0 1 2] [--epochs 15] [--np 2]
+    python benchmarks/convergence.py [--seeds 0 1 2] [--scale 1] [--json-out F] [--plot F]
 
-Prints one row per configuration: mean and spread over the seeds, and the difference to fp32.
+One ``horovodrun`` job per workload runs every (codec, seed) pair in turn (calling the example's
+``main``), so the launch cost is paid twice, not 48 times. ``--scale`` multiplies the steps
+(GPT: steps per epoch; CNN: epochs). Prints a Markdown table per workload: mean ± sd over seeds,
+the range, the difference to float32, and the wire bytes against a float32 ring.
 """
 import argparse
 import json
@@ -10,9 +15,10 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
+import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
 CONFIGS = [
     ("none (fp32)", ["--compression", "none"]),
     ("fp16", ["--compression", "fp16"]),
@@ -21,52 +27,134 @@ CONFIGS = [
     ("int8, no EF", ["--compression", "int8", "--no-error-feedback"]),
     ("topk 1% + EF", ["--compression", "topk", "--topk-ratio", "0.01"]),
     ("topk 1%, no EF", ["--compression", "topk", "--topk-ratio", "0.01", "--no-error-feedback"]),
+    ("auto", ["--compression", "auto"]),  # only where hvdp.torch offers it (checked by the worker)
 ]
+# the study's sizes (the examples' defaults are larger): ~20 min on a quiet 2-core machine
+WORKLOADS = {
+    "cnn": {"script": "torch_cnn.py", "metric": "test_accuracy", "label": "test accuracy",
+            "args": lambda scale: ["--epochs", str(8 * scale), "--batch-size", "32"]},
+    "gpt": {"script": "torch_gpt.py", "metric": "val_loss", "label": "held-out loss (nats/byte)",
+            "args": lambda scale: ["--d-model", "128", "--heads", "4", "--layers", "4", "--context", "128",
+                                   "--batch-size", "8", "--accumulate", "2", "--epochs", "4",
+                                   "--steps-per-epoch", str(20 * scale), "--warmup", str(10 * scale),
+                                   "--val-windows", "64"]},
+}
 
 
-def run(args, seed, epochs, np_):
-    with tempfile.TemporaryDirectory() as d:
-        out = os.path.join(d, "r.json")
-        cmd = ["horovodrun", "-np", str(np_), "-H", f"localhost:{np_}", sys.executable,
-               os.path.join(ROOT, "examples", "torch_digits.py"), "--quiet", "--seed", str(seed),
-               "--epochs", str(epochs), "--json-out", out] + args
-        env = dict(os.environ, OMP_NUM_THREADS="1", TF_CPP_MIN_LOG_LEVEL="2",
-                   PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
-        if r.returncode != 0:
-            raise SystemExit(f"run failed: {' '.join(cmd)}\n{(r.stdout + r.stderr)[-2000:]}")
-        with open(out) as f:
-            return json.load(f)
+def worker(name, seeds, scale, out_dir):
+    """Inside horovodrun: every (codec, seed) run of one workload, one JSON file each."""
+    sys.path.insert(0, os.path.join(ROOT, "examples"))
+    import importlib
+    import hvdp.torch as hvd
+    wl = WORKLOADS[name]
+    main = importlib.import_module(wl["script"][:-3]).main
+    for i, (label, args) in enumerate(CONFIGS):
+        if args[1] == "auto" and not hasattr(hvd.Compression, "auto"):
+            continue
+        for s in seeds:
+            out = os.path.join(out_dir, f"{name}-{i}-{s}.json")
+            if not os.path.exists(out):
+                main(wl["args"](scale) + args + ["--seed", str(s), "--quiet", "--json-out", out])
+
+
+def launch(name, seeds, scale, out_dir, np_):
+    env = dict(os.environ, OMP_NUM_THREADS="1", TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1",
+               PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
+    cmd = ["horovodrun", "-np", str(np_), "-H", f"localhost:{np_}", sys.executable, os.path.abspath(__file__),
+           "--worker", name, "--scale", str(scale), "--out-dir", out_dir, "--seeds"] + [str(s) for s in seeds]
+    t0 = time.time()
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=7200, env=env)
+    if r.returncode != 0:
+        raise SystemExit(f"run failed: {' '.join(cmd)}\n{(r.stdout + r.stderr)[-3000:]}")
+    return time.time() - t0
+
+
+def summarise(name, seeds, out_dir):
+    wl, rows = WORKLOADS[name], []
+    for i, (label, _) in enumerate(CONFIGS):
+        runs = [os.path.join(out_dir, f"{name}-{i}-{s}.json") for s in seeds]
+        if not all(os.path.exists(f) for f in runs):
+            continue
+        rs = [json.load(open(f)) for f in runs]
+        vals = [r[wl["metric"]] for r in rs]
+        curve = [statistics.mean(c) for c in zip(*[r["train_curve"] for r in rs])]
+        evals = [[e[0], statistics.mean(x[i][1] for x in [r["evals"] for r in rs])]
+                 for i, e in enumerate(rs[0]["evals"])]
+        rows.append({"config": label, "values": vals, "mean": statistics.mean(vals),
+                     "stdev": statistics.stdev(vals) if len(vals) > 1 else 0.0, "min": min(vals),
+                     "max": max(vals), "wire_ratio": statistics.mean(r["wire_ratio"] for r in rs),
+                     "codec": rs[0]["codec"], "steps": rs[0]["steps"], "global_batch": rs[0]["global_batch"],
+                     "ranks_max_diff": max(r["ranks_max_diff"] for r in rs),
+                     "seconds": statistics.mean(r["seconds"] for r in rs), "train_curve": curve, "evals": evals})
+    return rows
+
+
+def table(name, rows):
+    wl, base = WORKLOADS[name], rows[0]["mean"]
+    acc = name == "cnn"
+    delta = "vs fp32 (points)" if acc else "vs fp32 (%)"
+    lines = [f"| compression | {wl['label']}: mean ± sd | range | {delta} | wire bytes ÷ fp32 |",
+             "|---|---|---|---|---|"]
+    for r in rows:
+        d = 100 * (r["mean"] - base) if acc else 100 * (r["mean"] / base - 1)
+        lines.append(f"| {r['config']} | {r['mean']:.4f} ± {r['stdev']:.4f} | {r['min']:.4f} – {r['max']:.4f} "
+                     f"| {d:+.2f} | {r['wire_ratio']:.3f} |")
+    return "\n".join(lines)
+
+
+def plot(results, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    for ax, name in zip(axes, ("gpt", "cnn")):
+        for r in results.get(name, []):
+            c = np.array(r["train_curve"])
+            k = max(1, len(c) // 20)  # moving average over ~5% of the run
+            sm = np.convolve(c, np.ones(k) / k, mode="valid")
+            line, = ax.plot(np.arange(k, len(c) + 1), sm, label=r["config"], lw=1.2)
+            if name == "gpt":
+                e = np.array(r["evals"])
+                ax.plot(e[:, 0], e[:, 1], "o--", color=line.get_color(), ms=4, lw=0.8)
+        if name == "cnn":
+            ax.set_yscale("log")
+        ax.set_xlabel("optimizer step")
+        ax.set_ylabel("training loss (mean of seeds, smoothed)" + ("; o: held-out" if name == "gpt" else ""))
+        ax.set_title({"gpt": "byte-level GPT on stdlib sources", "cnn": "CNN on digits images"}[name] + ", 2 workers")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--epochs", type=int, default=15)
+    p.add_argument("--scale", type=int, default=1, help="multiply the steps (bigger study)")
     p.add_argument("--np", type=int, default=2)
-    p.add_argument("--json-out")
+    p.add_argument("--workloads", nargs="+", default=["cnn", "gpt"], choices=sorted(WORKLOADS))
+    p.add_argument("--out-dir", default=os.path.join(HERE, "results", "convergence_runs"),
+                   help="one JSON per run; existing ones are kept (delete to rerun)")
+    p.add_argument("--json-out", default=os.path.join(HERE, "results", "convergence.json"))
+    p.add_argument("--plot", default=os.path.join(HERE, "results", "convergence.png"))
+    p.add_argument("--worker", help=argparse.SUPPRESS)
     a = p.parse_args()
-    rows = []
-    for label, args in CONFIGS:
-        accs, ratios = [], []
-        for s in a.seeds:
-            r = run(args, s, a.epochs, a.np)
-            accs.append(r["test_accuracy"])
-            ratios.append(r["wire_ratio"])
-            print(f"  {label:<15} seed {s}: test accuracy {r['test_accuracy']:.4f}", file=sys.stderr, flush=True)
-        rows.append({"config": label, "accs": accs, "mean": statistics.mean(accs),
-                     "stdev": statistics.stdev(accs) if len(accs) > 1 else 0.0,
-                     "wire_ratio": statistics.mean(ratios)})
-    base = rows[0]["mean"]
-    print(f"\ndigits, {a.np} workers, {a.epochs} epochs, seeds {a.seeds}")
-    print(f"| {'compression':<15} | test accuracy (mean ± sd) | vs fp32 (points) | wire bytes / fp32 |")
-    print(f"|{'-' * 17}|{'-' * 26}|{'-' * 18}|{'-' * 19}|")
-    for r in rows:
-        print(f"| {r['config']:<15} | {r['mean']:.4f} ± {r['stdev']:.4f}          | "
-              f"{100 * (r['mean'] - base):+16.2f} | {r['wire_ratio']:17.3f} |")
-    if a.json_out:
-        with open(a.json_out, "w") as f:
-            json.dump(rows, f, indent=1)
+    os.makedirs(a.out_dir, exist_ok=True)
+    if a.worker:
+        return worker(a.worker, a.seeds, a.scale, a.out_dir)
+    results, minutes = {}, {}
+    for name in a.workloads:
+        minutes[name] = launch(name, a.seeds, a.scale, a.out_dir, a.np) / 60
+        results[name] = summarise(name, a.seeds, a.out_dir)
+        print(f"{name}: {minutes[name]:.1f} min", file=sys.stderr, flush=True)
+    for name in a.workloads:
+        r0 = results[name][0]
+        print(f"\n{name}: {a.np} workers, seeds {a.seeds}, {r0['steps']} steps of global batch "
+              f"{r0['global_batch']}, {minutes[name]:.1f} min")
+        print(table(name, results[name]))
+    with open(a.json_out, "w") as f:
+        json.dump({"seeds": a.seeds, "np": a.np, "scale": a.scale, "minutes": minutes, **results}, f, indent=1)
+    plot(results, a.plot)
 
 
 if __name__ == "__main__":
