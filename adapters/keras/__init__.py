@@ -1,6 +1,7 @@
 """``import hvdp.keras as hvd``: the API of horovod.tensorflow.keras, working on Keras 3.
 
-Needs Keras >= 3 with the TensorFlow backend (TF 2.21's default).
+Needs Keras >= 3 with the TensorFlow backend (over horovod.tensorflow) or the torch backend
+(over horovod.torch); the backend-specific part is ``backend.py``.
 
 Example::
 
@@ -11,39 +12,54 @@ Example::
     model.fit(x, y, callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0),
                                hvd.callbacks.MetricAverageCallback()])
 """
-import keras as _keras
+from .backend import SUPPORTED as _SUPPORTED  # noqa: F401  (refuses other backends, JAX)
+import keras as _keras  # noqa: E402
 
 if int(_keras.__version__.split(".")[0]) < 3:
     raise ImportError(f"hvdp.keras needs Keras 3 (found {_keras.__version__}); for tf.keras 2 use "
                       "horovod.tensorflow.keras")
-if _keras.backend.backend() != "tensorflow":
-    raise ImportError(f"hvdp.keras runs on Keras' TensorFlow backend, but '{_keras.backend.backend()}' "
-                      "is active: set KERAS_BACKEND=tensorflow (for the torch backend use hvdp.torch's "
-                      "collectives)")
 
 from hvdp.install.recipe import horovod_import_error as _horovod_import_error  # noqa: E402
 
 try:
-    from horovod.tensorflow import (Adasum, Average, ProcessSet, Sum, add_process_set,  # noqa: F401
-                                    allgather, allgather_object, allreduce, alltoall, broadcast,
-                                    broadcast_object, ccl_built, cross_rank, cross_size, cuda_built,
-                                    ddl_built, global_process_set, gloo_built, gloo_enabled,
-                                    grouped_allreduce, init, is_homogeneous, is_initialized, join,
-                                    local_rank, local_size, mpi_built, mpi_enabled,
-                                    mpi_threads_supported, nccl_built, rank, remove_process_set,
-                                    rocm_built, shutdown, size, start_timeline, stop_timeline)
+    from .backend import BACKEND as _B
 except ImportError as _e:
     raise _horovod_import_error("hvdp.keras", _e) from _e
 
+# every name of Horovod's collective API, from the backend's Horovod (horovod.tensorflow or
+# horovod.torch: the same names)
+_HOROVOD = ["Adasum", "Average", "Sum", "Min", "Max", "Product", "ProcessSet", "add_process_set",
+            "allgather", "allgather_object", "allreduce", "alltoall", "broadcast", "broadcast_object",
+            "ccl_built", "cross_rank", "cross_size", "cuda_built", "ddl_built", "global_process_set",
+            "gloo_built", "gloo_enabled", "grouped_allgather", "grouped_allreduce",
+            "grouped_reducescatter", "init", "is_homogeneous", "is_initialized", "join", "local_rank",
+            "local_size", "mpi_built", "mpi_enabled", "mpi_threads_supported", "nccl_built", "rank",
+            "reducescatter", "remove_process_set", "rocm_built", "shutdown", "size", "start_timeline",
+            "stop_timeline"]
+globals().update({_n: getattr(_B.hvd, _n, None) or getattr(_B.hvd.mpi_ops._basics, _n) for _n in _HOROVOD})
+
 from hvdp import __version__  # noqa: E402,F401
+from hvdp.codecs import Compression  # noqa: E402,F401
+from hvdp.join import JoinRefused  # noqa: E402,F401
 from hvdp.plan import CompressionPolicy  # noqa: E402,F401
 
 from . import callbacks, elastic  # noqa: E402,F401
-from hvdp.codecs import Compression  # noqa: E402,F401
+from .checkpoint import load_checkpoint, save_checkpoint  # noqa: E402,F401
 from .functions import broadcast_variables  # noqa: E402,F401
-from .ops import TFOps  # noqa: E402,F401
-from .optimizer import DistributedGradientTape, DistributedOptimizer  # noqa: E402,F401
-from .saving import load_model  # noqa: E402,F401
 from .join import join  # noqa: E402,F401  (Horovod's join, safe with every codec: hvdp.join)
 from .mesh import ProcessMesh  # noqa: E402,F401  (DP x TP x PP groups as process sets: hvdp.mesh)
-from hvdp.join import JoinRefused  # noqa: E402,F401
+from .optimizer import DistributedOptimizer  # noqa: E402,F401
+from .saving import load_model  # noqa: E402,F401
+from .syncbn import SyncBatchNormalization  # noqa: E402,F401
+
+if _B.name == "tensorflow":
+    from .ops import TFOps  # noqa: E402,F401
+    from .tape import DistributedGradientTape  # noqa: E402,F401
+else:
+    from hvdp.torch.ops import TorchOps  # noqa: E402,F401
+
+    def DistributedGradientTape(*args, **kwargs):
+        """TensorFlow's gradient tape has no torch counterpart: see the error."""
+        raise RuntimeError("hvd.DistributedGradientTape needs Keras' TensorFlow backend; on the torch "
+                           "backend compute gradients with loss.backward() and pass them to "
+                           "hvd.DistributedOptimizer(opt).apply(grads, model.trainable_variables)")

@@ -1,26 +1,24 @@
-"""The ranks-agree check and failure reports on horovod.tensorflow; the logic is the core's
+"""The ranks-agree check and failure reports on the backend's Horovod; the logic is the core's
 (``hvdp.agreement``, ``hvdp.failures``), this file only supplies the collective and the variables."""
 import os
 
 import horovod
-import horovod.tensorflow as _hvd
 import numpy as np
-import tensorflow as tf
 
 from hvdp import __version__, agreement
 from hvdp.failures import FailureReporter
 
+from .backend import BACKEND as B
+
 VERSIONS = {"hvdp": __version__, "horovod": horovod.__version__}
-REPORTER = FailureReporter(_hvd.rank)
+REPORTER = FailureReporter(B.hvd.rank)
 
 
-def allgather_fixed(process_set=_hvd.global_process_set):
+def allgather_fixed(process_set=B.hvd.global_process_set):
     """``(data, name) -> [every rank's bytes]`` on Horovod's allgather (equal lengths), run
-    eagerly even while a train step is being traced (``tf.init_scope``)."""
+    eagerly even while a train step is being traced."""
     def gather(data: bytes, name: str):
-        with tf.init_scope():
-            t = tf.constant(np.frombuffer(data, np.uint8).reshape(1, -1))
-            out = _hvd.allgather(t, name=name, process_set=process_set).numpy()
+        out = B.allgather_np(np.frombuffer(data, np.uint8).reshape(1, -1), name, process_set)
         return [row.tobytes() for row in out]
     return gather
 

@@ -1,10 +1,9 @@
 """The callbacks a horovod.tensorflow.keras user knows, for Keras 3."""
-import horovod.tensorflow as _hvd
 import keras
 import numpy as np
 
-from hvdp.checkpoint import atomic_save
-
+from .backend import BACKEND as B
+from .checkpoint import CheckpointWriter
 from .functions import broadcast_variables
 from .join import JoinCallback  # noqa: F401  (uneven shards in fit)
 
@@ -16,7 +15,7 @@ def _set_lr(optimizer, lr):
 
 def _get_lr(optimizer):
     inner = getattr(optimizer, "inner_optimizer", optimizer)
-    return float(np.asarray(inner.learning_rate))
+    return float(keras.ops.convert_to_numpy(inner.learning_rate))
 
 
 class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
@@ -41,11 +40,11 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
 def _check_steps_agree(model, params):
     """Ranks with different numbers of steps per epoch would pair up different steps and hang
     at the end: the same clear error on every rank instead (unless JoinCallback handles it)."""
-    if _hvd.size() <= 1 or getattr(model, "_hvdp_join_callback", False):
+    if B.hvd.size() <= 1 or getattr(model, "_hvdp_join_callback", False):
         return
     steps = (params or {}).get("steps")
     mine = np.array([-1 if steps is None else int(steps)], np.int64)
-    every = _hvd.allgather(mine, name="hvdp.fit.steps").numpy().tolist()
+    every = B.allgather_np(mine, "hvdp.fit.steps").tolist()
     if -1 in every or len(set(every)) == 1:
         return
     raise ValueError(f"model.fit runs a different number of steps per epoch on each rank "
@@ -67,7 +66,7 @@ class MetricAverageCallback(keras.callbacks.Callback):
             return
         keys = sorted(k for k, v in logs.items() if np.ndim(v) == 0)
         vals = np.array([float(logs[k]) for k in keys], dtype=np.float64)
-        avg = _hvd.allreduce(vals, op=_hvd.Average, name=f"hvdp.metrics.{epoch}").numpy()
+        avg = B.allreduce_np(vals, f"hvdp.metrics.{epoch}")
         for k, v in zip(keys, avg):
             logs[k] = float(v)
 
@@ -140,7 +139,7 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
 
     def __init__(self, initial_lr, warmup_epochs=5, momentum_correction=True, steps_per_epoch=None,
                  verbose=0):
-        size = _hvd.size()
+        size = B.hvd.size()
         super().__init__(initial_lr, lambda e: 1.0 / size * (e * (size - 1) / warmup_epochs + 1),
                          start_epoch=0, end_epoch=warmup_epochs, staircase=False,
                          momentum_correction=momentum_correction, steps_per_epoch=steps_per_epoch,
@@ -155,17 +154,22 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
 
 class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
     """``keras.callbacks.ModelCheckpoint`` that writes on rank 0 only (others would race it),
-    atomically: to a temporary file, fsynced, then renamed, so a kill mid-write leaves the
-    previous checkpoint whole."""
+    atomically (temporary file, fsync, rename: a kill mid-write leaves the previous checkpoint
+    whole), and keeps hvdp's error-feedback residuals: every rank's are gathered into the
+    ``.keras`` file, and ``hvd.load_model`` / ``hvd.load_checkpoint`` give each rank its own back.
+    Weights-only checkpoints hold no optimizer state, hence no residuals.
 
-    def _save_model(self, *args, **kwargs):
-        if _hvd.rank() != 0:
+    Every rank must have it in its callbacks (the gathering is a collective).
+    """
+
+    def _save_model(self, epoch, batch, logs):
+        writer = CheckpointWriter(self.model, gather=not self.save_weights_only)  # every rank
+        if B.hvd.rank() != 0:
             return
         model = self.model
-        saver, weights_saver = model.save, model.save_weights
-        model.save = lambda path, *a, **k: atomic_save(path, lambda tmp: saver(tmp, *a, **k))
-        model.save_weights = lambda path, *a, **k: atomic_save(path, lambda tmp: weights_saver(tmp, *a, **k))
+        model.save = lambda path, *a, **k: writer.save(path, *a, **k)
+        model.save_weights = lambda path, *a, **k: writer.save_weights(path, *a, **k)
         try:
-            return super()._save_model(*args, **kwargs)
+            return super()._save_model(epoch, batch, logs)
         finally:
             del model.save, model.save_weights  # back to the class's methods

@@ -4,42 +4,23 @@ hvdp's optimizer (error-feedback residuals included) and the elastic sampler.
 Horovod's ``TensorFlowKerasState`` is tf-keras 2 only. Rule after a resize, as in hvdp.torch:
 a residual is kept where its layout is unchanged and restarts from zero otherwise; a traced
 train step must be traced again (the bucket layout depends on the number of workers), so make
-the ``tf.function`` inside the function given to ``run``.
+the ``tf.function`` inside the function given to ``run`` (TensorFlow backend).
 """
-import functools
-
-import horovod.tensorflow as _hvd
-import tensorflow as tf
-from horovod.common.elastic import ObjectState, run_fn
-from horovod.common.exceptions import HorovodInternalError
+import keras
+from horovod.common.elastic import ObjectState
 
 from hvdp.elastic import ElasticOrder
 
+from .backend import BACKEND as B
 from .functions import broadcast_variables
 
-
-def _reset():
-    _hvd.shutdown()
-    _hvd.init()
+_hvd = B.hvd
 
 
 def run(func):
-    """Horovod's elastic ``run`` for TF: re-sync after a reset, roll back after a failure.
-
-    Horovod 0.28.1's TF version turns a failed collective into a reset only when the TF error
-    names HorovodAllreduce, HorovodAllgather or HorovodBroadcast, and otherwise swallows the
-    error and returns as if training had finished. hvdp's two-phase codecs use HorovodAlltoall,
-    so here every failed Horovod op resets, and any other error propagates.
-    """
-    @functools.wraps(func)
-    def wrapper(state, *args, **kwargs):
-        try:
-            return func(state, *args, **kwargs)
-        except tf.errors.OpError as e:
-            if "Horovod" in (e.message or ""):
-                raise HorovodInternalError(e) from e
-            raise
-    return run_fn(wrapper, _reset)
+    """Horovod's elastic ``run`` for the backend: re-sync after a reset, roll back after a failure
+    (on TensorFlow every failed Horovod op resets, see ``_backend_tf.TFBackend.elastic_run``)."""
+    return B.elastic_run(func)
 
 
 class ElasticSampler(ElasticOrder):
@@ -79,7 +60,7 @@ class KerasState(ObjectState):
 
     def save(self):
         red = self._reducer()
-        self._saved_vars = ([v.numpy() for v in self._shared_variables()],
+        self._saved_vars = ([keras.ops.convert_to_numpy(v) for v in self._shared_variables()],
                             red.residual_state() if red is not None else None,
                             self.sampler.state_dict() if self.sampler is not None else None)
         super().save()

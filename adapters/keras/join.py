@@ -2,42 +2,22 @@
 for ``model.fit`` with shards of different lengths. The rules are the core's (``hvdp.join``)."""
 import gc
 
-import horovod.tensorflow as _hvd
 import keras
-import tensorflow as tf
 
 from hvdp.collectives import SUM
 from hvdp.join import CONTROL_NAME, JoinRefused, Registry, refusal
 
+from .backend import BACKEND as B
 from .functions import broadcast_variables
 
 OPTIMIZERS = Registry()  # every hvdp.keras DistributedOptimizer, in creation order
 
 
-_ONE = {}
-
-
-def _one():
-    """A 1 read from a variable: Horovod's allreduce op is not marked stateful, so TF's graph
-    optimizer would fold an allreduce of a constant into the value of its first run."""
-    if "v" not in _ONE:
-        with tf.init_scope():
-            _ONE["v"] = tf.Variable([1.0], trainable=False, name="hvdp_join_one")
-    return tf.convert_to_tensor(_ONE["v"])
-
-
-def _horovod_join() -> int:
-    """Horovod's join op, run in a new ``tf.function`` each time: the op has no input and is not
-    marked stateful, so TF reuses the result of the first eager call and a second ``join``
-    (the next epoch) would return at once, measured here with TF 2.21."""
-    return int(tf.function(lambda: _hvd.join())())
-
-
 def joined_cond(comm, all_active, some_joined):
     """``all_active()`` unless some rank has joined, then ``some_joined()``: decided in the graph
     from one allreduce of a 1 per rank (a joined rank adds the zero Horovod's join gives it)."""
-    active = comm.allreduce_async(_one(), CONTROL_NAME, SUM)
-    return tf.cond(active[0] > comm.size - 0.5, all_active, some_joined)
+    active = comm.wait(comm.allreduce_async(B.one(), CONTROL_NAME, SUM))
+    return keras.ops.cond(active[0] > comm.size - 0.5, all_active, some_joined)
 
 
 def _uses_two_phase(reducer) -> bool:
@@ -46,8 +26,8 @@ def _uses_two_phase(reducer) -> bool:
 
 
 def _refuse_unless_ready():
-    from .optimizer import _TAPE_REDUCERS  # a tape has no uneven_inputs: its two-phase buckets refuse
-    reducers = [opt._hvdp for opt in OPTIMIZERS.alive()] + list(_TAPE_REDUCERS.values())
+    from .reducer import TAPE_REDUCERS  # a tape has no uneven_inputs: its two-phase buckets refuse
+    reducers = [opt._hvdp for opt in OPTIMIZERS.alive()] + list(TAPE_REDUCERS.values())
     for red in reducers:
         if _uses_two_phase(red) and not red.uneven_inputs:
             raise JoinRefused(refusal(red.codec.name, "keras"))
@@ -72,7 +52,7 @@ def join(extra_variables=(), optimizers=None) -> int:
         the rank that joined last.
     """
     _refuse_unless_ready()
-    last = _horovod_join()
+    last = B.horovod_join()
     if optimizers is None:
         # Which earlier optimizers are still alive must not depend on when each rank's garbage
         # collector ran (a difference is a mismatched broadcast): collect now, on every rank.
@@ -86,7 +66,7 @@ def join(extra_variables=(), optimizers=None) -> int:
             if id(v) not in seen:
                 seen.add(id(v))
                 variables.append(v)
-    if variables and _hvd.size() > 1:
+    if variables and B.hvd.size() > 1:
         broadcast_variables(variables, root_rank=last)
     return last
 

@@ -1,7 +1,9 @@
-"""``hvd.ProcessMesh`` on horovod.tensorflow: the core's mesh (``hvdp.mesh``) with Horovod's process sets."""
-import horovod.tensorflow as _hvd
-
+"""``hvd.ProcessMesh`` on the backend's Horovod: the core's mesh (``hvdp.mesh``) with Horovod's process sets."""
 from hvdp import mesh as _mesh
+
+from .backend import BACKEND as _B
+
+_hvd = _B.hvd
 
 
 class ProcessMesh(_mesh.ProcessMesh):

@@ -1,4 +1,4 @@
-"""``hvd.DistributedOptimizer`` for Keras 3 (TensorFlow backend), and ``DistributedGradientTape``.
+"""``hvd.DistributedOptimizer`` for Keras 3, on the TensorFlow and the torch backend.
 
 The user's optimizer object becomes an instance of a subclass of its own class (made on the
 fly, as Horovod does) whose ``apply`` averages the gradients across workers first. Under the
@@ -7,18 +7,19 @@ the distributed layer: the reduction comes first, so every rank sees the same (r
 gradients and takes the same finite / non-finite branch (a local check first would let ranks
 disagree and hang).
 """
-import horovod.tensorflow as _hvd
 import keras
-import tensorflow as tf
 
 from hvdp.collectives import AVERAGE, SUM
 from hvdp.plan import CompressionPolicy
 
 from .agreement import REPORTER, compression_name
+from .backend import BACKEND as B
 from .compression import resolve
 from .join import OPTIMIZERS
 from .reducer import GradientReducer
-from .xla import install_auto_jit_veto, refuse_xla
+from .xla import install_auto_jit_veto
+
+_hvd = B.hvd
 
 
 class _Distributed:
@@ -29,14 +30,14 @@ class _Distributed:
         self._hvdp.build(list(variables))
         k = self._hvdp_k
         if k > 1 and not self._hvdp_acc:
-            self._hvdp_acc = [tf.Variable(tf.zeros(v.shape, tf.float32), trainable=False) for v in variables]
-            self._hvdp_count = tf.Variable(0, dtype=tf.int64, trainable=False)
+            self._hvdp_acc = [B.Buffer(v.shape) for v in variables]
+            self._hvdp_count = B.Buffer((), "int64")
 
     def apply(self, grads, trainable_variables=None):
         if trainable_variables is None:
             trainable_variables = self._trainable_variables
         grads, variables = list(grads), list(trainable_variables)
-        refuse_xla()
+        B.refuse_xla()
         if not self.built:
             self.build(variables)
         elif self._hvdp.plan is None:
@@ -48,26 +49,26 @@ class _Distributed:
             return parent.apply(self._hvdp.reduce(grads, self.iterations), variables)
         for a, g in zip(self._hvdp_acc, grads):
             if g is not None:
-                a.assign_add(tf.cast(tf.convert_to_tensor(g), tf.float32))
-        self._hvdp_count.assign_add(1)
+                a.add(B.dense(g))
+        self._hvdp_count.add(1)
 
         def update():
             scale = 1.0 / self._hvdp_k if self._hvdp_avg_agg else 1.0
-            acc = [tf.cast(a * scale, v.dtype) for a, v in zip(self._hvdp_acc, variables)]
+            acc = [keras.ops.cast(a.read() * scale, v.dtype) for a, v in zip(self._hvdp_acc, variables)]
             parent.apply(self._hvdp.reduce(acc, self.iterations), variables)
             for a in self._hvdp_acc:
-                a.assign(tf.zeros_like(a))
-            return tf.constant(0)
+                a.reset()
+            return keras.ops.convert_to_tensor(0)
 
-        tf.cond(self._hvdp_count % self._hvdp_k == 0, update, lambda: tf.constant(0))
+        keras.ops.cond(self._hvdp_count.read() % self._hvdp_k == 0, update,
+                       lambda: keras.ops.convert_to_tensor(0))
 
     def _hvdp_replan(self, variables):
         self._hvdp.replan(variables)
         if self._hvdp_k > 1:  # accumulators follow the new variables; a cycle in progress restarts
-            with tf.init_scope():
-                self._hvdp_acc = [tf.Variable(tf.zeros(v.shape, tf.float32), trainable=False)
-                                  for v in variables]
-                self._hvdp_count.assign(0)
+            with B.init_scope():
+                self._hvdp_acc = [B.Buffer(v.shape) for v in variables]
+                self._hvdp_count.reset()
 
     def compression_stats(self):
         """Bytes handed to collectives per update step by codec, vs a float32 ring allreduce."""
@@ -154,39 +155,3 @@ def _serialise_as(cls, base):
     registered = object_registration.get_registered_name(base)
     if registered != base.__name__:
         object_registration.GLOBAL_CUSTOM_NAMES.setdefault(cls, registered)
-
-
-class DistributedGradientTape(tf.GradientTape):
-    """A ``tf.GradientTape`` whose ``gradient`` returns gradients averaged across workers.
-
-    Example::
-
-        with tf.GradientTape() as tape:
-            loss = loss_fn(y, model(x, training=True))
-        tape = hvd.DistributedGradientTape(tape, compression="int8")
-        opt.apply(tape.gradient(loss, model.trainable_variables), model.trainable_variables)
-    """
-
-    def __init__(self, gradtape, compression="none", op=_hvd.Average, gradient_predivide_factor=1.0,
-                 sparse_as_dense=False, process_set=_hvd.global_process_set, policy=None):
-        super().__init__(persistent=gradtape._persistent)
-        self._tape = gradtape._tape  # take over the recording (as Horovod's tape does)
-        self._hvdp_args = (compression, policy, op, gradient_predivide_factor, sparse_as_dense, process_set)
-        self._hvdp = None
-
-    def gradient(self, target, sources, output_gradients=None, **kwargs):
-        refuse_xla("DistributedGradientTape.gradient is", "use tf.function(jit_compile=False) for the "
-                   "function that calls it")
-        grads = super().gradient(target, sources, output_gradients, **kwargs)
-        flat = tf.nest.flatten(sources)
-        # The tape is usually made inside a tf.function step, so a new one appears at every
-        # trace; its reducer (and the residual variables) must be the same object each time.
-        key = (tuple(map(str, self._hvdp_args)), tuple(id(v) for v in flat))
-        if key not in _TAPE_REDUCERS:
-            _TAPE_REDUCERS[key] = _make_reducer(*self._hvdp_args, f"hvdp_tape_residual_{len(_TAPE_REDUCERS)}")
-            _TAPE_REDUCERS[key].build(flat)
-        self._hvdp = _TAPE_REDUCERS[key]
-        return tf.nest.pack_sequence_as(grads, self._hvdp.reduce(tf.nest.flatten(grads)))
-
-
-_TAPE_REDUCERS = {}

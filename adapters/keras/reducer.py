@@ -1,7 +1,8 @@
-"""Gradient reduction for Keras / TF, shared by the optimizer and the gradient tape."""
+"""Gradient reduction for Keras 3, shared by the optimizer and the gradient tape; written once
+over the backend's array ops and collectives (``backend.BACKEND``)."""
 import math
 
-import tensorflow as tf
+import keras
 
 from hvdp.join import JoinableReducer
 from hvdp.plan import make_plan
@@ -9,42 +10,14 @@ from hvdp.stats import WireStats, ring_allreduce_bytes, two_phase_bytes
 from hvdp.twophase import TwoPhaseReducer
 
 from .agreement import check_reducer
-from .comm import TFCollectives, op_name
+from .backend import BACKEND as B
 from .join import joined_cond
-from .ops import TFOps
 
-_OPS = TFOps()
+_FLOATS = ("float16", "bfloat16", "float32", "float64")
 
 
-class VariableStore:
-    """Residuals kept in tf.Variables, so error feedback survives across traced steps."""
-
-    def __init__(self, prefix):
-        self.prefix, self.vars = prefix, {}
-
-    def create(self, name, n):
-        """A zero residual of n elements; one of another size (a new layout) is replaced."""
-        v = self.vars.get(name)
-        if v is None or v.shape.num_elements() != n:
-            self.vars[name] = tf.Variable(tf.zeros([n]), trainable=False,
-                                          name=op_name(f"{self.prefix}_{name}"))
-
-    def get(self, name):
-        v = self.vars.get(name)
-        return None if v is None else tf.convert_to_tensor(v)
-
-    def set(self, name, value):
-        self.vars[name].assign(value)
-
-    def snapshot(self):
-        return {k: v.numpy() for k, v in self.vars.items()}
-
-    def restore(self, data):
-        """Residuals from ``data`` where present and of the right size; zero otherwise."""
-        for k, var in self.vars.items():
-            v = data.get(k)
-            ok = v is not None and var.shape.num_elements() == v.size
-            var.assign(v if ok else tf.zeros_like(var))
+def _dtype(x) -> str:
+    return keras.backend.standardize_dtype(x.dtype)
 
 
 class GradientReducer:
@@ -53,7 +26,7 @@ class GradientReducer:
     def __init__(self, codec, policy, op, predivide, sparse_as_dense, process_set, prefix):
         self.codec, self.policy, self.op = codec, policy, op
         self.predivide, self.sparse_as_dense = predivide, sparse_as_dense
-        self.comm = TFCollectives(process_set)
+        self.comm = B.Collectives(process_set)
         self.prefix = prefix
         self.settings = {}  # more that every rank must share (the optimizer's accumulation)
         self.uneven_inputs = False  # hvdp.join: switch two-phase buckets to allreduce when a rank joined
@@ -67,16 +40,15 @@ class GradientReducer:
         self.names = [getattr(v, "path", None) or v.name for v in variables]
         self.shapes = [tuple(v.shape) for v in variables]
         self.numels = [int(math.prod(v.shape)) for v in variables]
-        floating = [v.dtype in ("float16", "bfloat16", "float32", "float64", tf.float16,
-                                tf.bfloat16, tf.float32, tf.float64) for v in variables]
+        floating = [_dtype(v) in _FLOATS for v in variables]
         two_phase = not self.codec.summable
         self.plan = make_plan(self.names, self.numels, floating, self.policy, two_phase)
         ef = self.policy.error_feedback
         ef = self.codec.error_feedback_default if ef is None else ef
         self.two_phase = None
         if two_phase:
-            ws, ss = VariableStore(f"{self.prefix}_w"), VariableStore(f"{self.prefix}_s")
-            self.two_phase = TwoPhaseReducer(self.codec, _OPS, self.comm, ef, self.op,
+            ws, ss = B.Store(f"{self.prefix}_w"), B.Store(f"{self.prefix}_s")
+            self.two_phase = TwoPhaseReducer(self.codec, B.ops, self.comm, ef, self.op,
                                              self.predivide, worker_store=ws, server_store=ss)
             if ef:
                 for b, idx in enumerate(self.plan.buckets):
@@ -94,7 +66,7 @@ class GradientReducer:
         plan and new residual variables, zero, since the old ones belong to another layout (the
         rule after a resize: kept only where the layout is unchanged). Every rank does it in the
         same step, and the ranks-agree check runs again. Eager, also while a step is traced."""
-        with tf.init_scope():
+        with B.init_scope():
             self.plan = None
             self.build(variables)
 
@@ -121,58 +93,67 @@ class GradientReducer:
             self.two_phase.load_state_dict(state)
 
     # --- reduction --------------------------------------------------------------------------
-    def _plain(self, g, i, compress):
-        if isinstance(g, tf.IndexedSlices) and self.sparse_as_dense:
-            g = tf.convert_to_tensor(g)
+    def _plain_start(self, g, i, compress):
+        """Submit one tensor's allreduce: -> (handle, Horovod compressor context, dtype)."""
+        if B.is_sparse(g) and self.sparse_as_dense:
+            g = B.dense(g)
         wire = self.codec.wire_dtype if (compress and self.codec.summable) else "float32"
-        ctx = None
-        if isinstance(g, tf.IndexedSlices):  # gathered, never compressed (as Horovod)
+        ctx, dtype = None, None if B.is_sparse(g) else _dtype(g)
+        if B.is_sparse(g):  # gathered, never compressed (as Horovod)
             send = g
         elif self.hvd_compressor is not None:  # every step, as hvdp.torch and Horovod do
             send, ctx = self.hvd_compressor.compress(g)
-        elif not g.dtype.is_floating or wire == "float32":
+        elif dtype not in _FLOATS or wire == "float32":
             send = g
         else:
-            send = tf.cast(g, wire)
-        out = self.comm.allreduce_async(send, f"hvdp.ar.{self.names[i]}", self.op,
-                                        1.0 / self.predivide, self.predivide)
-        if isinstance(out, tf.IndexedSlices):
+            send = B.ops.cast(g, wire)
+        handle = self.comm.allreduce_async(send, f"hvdp.ar.{self.names[i]}", self.op,
+                                           1.0 / self.predivide, self.predivide)
+        return handle, ctx, dtype
+
+    def _plain_finish(self, started):
+        handle, ctx, dtype = started
+        out = self.comm.wait(handle)
+        if dtype is None:
             return out
         if self.hvd_compressor is not None:
             out = self.hvd_compressor.decompress(out, ctx)
-        return tf.cast(out, g.dtype)
+        return out if _dtype(out) == dtype else keras.ops.cast(out, dtype)
 
     def _reduce(self, grads, compress, two_phase=None):
         two_phase = two_phase or self.two_phase
-        out = list(grads)
+        ops, out = B.ops, list(grads)
         buckets = self.plan.buckets if compress else ()
         in_bucket = {i for idx in buckets for i in idx}
-        for i, g in enumerate(grads):
-            if i not in in_bucket:
-                out[i] = self._plain(g, i, compress)
+        # every collective submitted before the first wait
+        plain = {i: self._plain_start(g, i, compress) for i, g in enumerate(grads) if i not in in_bucket}
         pending = []
         for b, idx in enumerate(buckets):
-            flat = tf.concat([tf.reshape(tf.cast(tf.convert_to_tensor(grads[i]), tf.float32), [-1])
-                              for i in idx], axis=0)
+            flat = ops.cat([ops.cast(B.dense(grads[i]), "float32") for i in idx])
             if self.predivide != 1.0:
                 flat = flat / self.predivide
             pending.append(two_phase.start(f"b{b}", flat))
         for p in pending:
             two_phase.exchange(p)
+        for i, started in plain.items():
+            out[i] = self._plain_finish(started)
         for p, idx in zip(pending, buckets):
-            parts = tf.split(two_phase.finish(p), [self.numels[i] for i in idx])
-            for i, part in zip(idx, parts):
-                out[i] = tf.cast(tf.reshape(part, self.shapes[i]), grads[i].dtype)
+            flat, off = two_phase.finish(p), 0
+            for i in idx:
+                part = ops.reshape(flat[off:off + self.numels[i]], self.shapes[i])
+                out[i] = keras.ops.cast(part, _dtype(grads[i]))
+                off += self.numels[i]
         return out
 
     def reduce(self, grads, step=None):
         """``step``: the optimizer's iteration counter, for the warm-up (uncompressed) phase."""
-        grads = [tf.zeros(s) if g is None else g for g, s in zip(grads, self.shapes)]
+        grads = [B.ops.reshape(B.ops.zeros(n), s) if g is None else g
+                 for g, s, n in zip(grads, self.shapes, self.numels)]
         warm = self.policy.warmup_steps
         if warm == 0 or step is None:
             return self._reduce_compressed(grads)
-        return tf.cond(step >= warm, lambda: self._reduce_compressed(grads),
-                       lambda: self._reduce(grads, False))
+        return keras.ops.cond(step >= warm, lambda: self._reduce_compressed(grads),
+                              lambda: self._reduce(grads, False))
 
     def _reduce_compressed(self, grads):
         if not (self.uneven_inputs and self.two_phase is not None and self.plan.buckets):
@@ -201,3 +182,6 @@ class GradientReducer:
             s.record(self.codec.name, n, 2 * p * nb, two_phase_bytes(nb, p), ring_allreduce_bytes(4 * n, p))
         s.end_step()
         return s.summary()["last_step"]
+
+
+TAPE_REDUCERS = {}  # DistributedGradientTape (TF): one reducer per (arguments, sources), kept across traces

@@ -1,10 +1,12 @@
 """``hvd.load_model``: a saved Keras model back with its optimizer made distributed, as in Horovod.
 
 hvdp's optimizer is saved as the user's own optimizer class (see ``optimizer._serialise_as``), so
-stock ``keras.models.load_model`` already loads it with its state; this adds the wrapping.
+stock ``keras.models.load_model`` already loads it with its state; this adds the wrapping, and the
+error-feedback residuals that ``hvd.callbacks.ModelCheckpoint`` / ``hvd.save_checkpoint`` keep.
 """
 import keras
 
+from .checkpoint import restore_residuals
 from .optimizer import DistributedOptimizer
 
 
@@ -14,8 +16,10 @@ def load_model(filepath, custom_optimizers=None, custom_objects=None, compressio
 
     ``custom_optimizers``: optimizer classes the file names but Keras cannot find (as Horovod);
     ``custom_objects``: passed to ``keras.models.load_model``; ``compression`` and ``kwargs``
-    (``backward_passes_per_step``, ``op``, ...): passed to ``DistributedOptimizer``. hvdp's
-    error-feedback residuals are not in the file: they start at zero.
+    (``backward_passes_per_step``, ``op``, ...): passed to ``DistributedOptimizer``. A file written
+    by ``hvd.callbacks.ModelCheckpoint`` or ``hvd.save_checkpoint`` gives each rank its own
+    error-feedback residuals back (same codec; see ``hvdp.keras.checkpoint`` for another number
+    of workers); other files start them at zero.
 
     Example::
 
@@ -30,4 +34,5 @@ def load_model(filepath, custom_optimizers=None, custom_objects=None, compressio
         if opt is not model.optimizer:  # wrapped for mixed_float16 on the way
             model.optimizer = opt
         model.train_function = None  # the next fit traces a step with the distributed apply
+        restore_residuals(model, filepath)
     return model

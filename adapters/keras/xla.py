@@ -7,12 +7,14 @@ XLA-compiled function.
   is visible, and Keras 3 asks only the layers (``supports_jit``), never the optimizer. So "auto"
   resolves to False for a model whose optimizer is hvdp's: the default compile trains on a GPU
   node, and an explicit ``jit_compile=True`` still gets ``refuse_xla``'s error.
+
+Keras' torch backend has no XLA: there ``refuse_xla`` is not used and "auto" is eager already.
 """
-import tensorflow as tf
 
 
 def refuse_xla(what="the train step is", fix="compile the model with jit_compile=False"):
     """Raise hvdp's clear error when called while an XLA-compiled function is traced."""
+    import tensorflow as tf
     try:
         from tensorflow.python.ops import control_flow_util
         in_xla = control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph())

@@ -1,11 +1,19 @@
-"""Checks of hvdp.keras under real workers; prints 'CHECK <name> OK rank=<r>' per passed check."""
+"""Checks of hvdp.keras under real workers, on the Keras backend KERAS_BACKEND names (tensorflow
+or torch); prints 'CHECK <name> OK rank=<r>' per passed check."""
+import os
 import sys
+import tempfile
 
 import keras
 import numpy as np
-import tensorflow as tf
 
 import hvdp.keras as hvd
+
+TF = keras.backend.backend() == "tensorflow"
+if TF:
+    import tensorflow as tf
+else:
+    import torch
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from reduction_bounds import check_reduced  # noqa: E402
@@ -28,8 +36,13 @@ def data(n, seed=1234):
 LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
 
+def tensor(a):
+    a = np.ascontiguousarray(a)
+    return tf.constant(a) if TF else torch.from_numpy(a)
+
+
 def allgathered(a, name):
-    return hvd.allgather(tf.constant(np.asarray(a)[None]), name=name).numpy()
+    return keras.ops.convert_to_numpy(hvd.allgather(tensor(np.asarray(a)[None]), name=name))
 
 
 def assert_ranks_identical(model, tag):
@@ -96,7 +109,7 @@ def check_warmup_curve():
     model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(initial, momentum=0.9)), loss=LOSS)
     lrs = []
     rec = keras.callbacks.LambdaCallback(on_train_batch_begin=lambda b, logs: lrs.append(
-        float(np.asarray(model.optimizer.learning_rate))))
+        float(keras.ops.convert_to_numpy(model.optimizer.learning_rate))))
     model.fit(x[:steps * 16], y[:steps * 16], batch_size=16, epochs=3, verbose=0,
               callbacks=[hvd.callbacks.LearningRateWarmupCallback(initial, warmup_epochs=warm), rec])
     size = hvd.size()
@@ -105,44 +118,53 @@ def check_warmup_curve():
     np.testing.assert_allclose(lrs, expect, rtol=1e-6)
 
 
+def local_gradients(model, xb, yb):
+    if TF:
+        with tf.GradientTape() as t:
+            loss = LOSS(yb, model(xb))
+        return [g.numpy() for g in t.gradient(loss, model.trainable_variables)]
+    model.zero_grad()
+    LOSS(tensor(yb), model(tensor(xb))).backward()
+    return [v.value.grad.detach().clone().numpy() for v in model.trainable_variables]
+
+
 def check_codecs():
     x, y = data(32 * hvd.size())
     xs, ys = shard(x, y, 32)
     for name in ["fp16", "bf16", "int8", "topk"]:
-        for graph in (False, True):
+        for graph in (False, True) if TF else (False,):
             model = make_model(seed=7)
             variables = model.trainable_variables
-
-            def local_and_reduced(xb, yb):
-                with tf.GradientTape() as t1:
-                    l1 = LOSS(yb, model(xb))
-                local = t1.gradient(l1, variables)
-                with tf.GradientTape() as t2:
-                    l2 = LOSS(yb, model(xb))
-                tape = hvd.DistributedGradientTape(t2, compression=name,
-                                                   policy=hvd.CompressionPolicy(min_elements=1))
-                return local, tape.gradient(l2, variables), tape
-
-            fn = tf.function(local_and_reduced) if graph else local_and_reduced
-            holder = {}
-            if graph:
-                def traced(xb, yb):
-                    local, red, tape = local_and_reduced(xb, yb)
-                    holder["tape"] = tape
-                    return local, red
-                local, red = tf.function(traced)(tf.constant(xs), tf.constant(ys))
+            local = local_gradients(model, xs, ys)
+            if TF:
+                def reduced(xb, yb):
+                    with tf.GradientTape() as t2:
+                        l2 = LOSS(yb, model(xb))
+                    tape = hvd.DistributedGradientTape(t2, compression=name,
+                                                       policy=hvd.CompressionPolicy(min_elements=1))
+                    return tape.gradient(l2, variables), tape
+                holder = {}
+                if graph:
+                    def traced(xb, yb):
+                        red, holder["tape"] = reduced(xb, yb)
+                        return red
+                    red = tf.function(traced)(tf.constant(xs), tf.constant(ys))
+                else:
+                    red, holder["tape"] = reduced(xs, ys)
                 plan = holder["tape"]._hvdp.plan
-            else:
-                local, red, tape = fn(xs, ys)
-                plan = tape._hvdp.plan
-            everyone = [allgathered(tf.reshape(g, [-1]).numpy(), f"kc.{name}.{graph}.{i}")
-                        for i, g in enumerate(local)]
+            else:  # the torch backend: the optimizer's reducer on the local gradients
+                opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.1), compression=name,
+                                               policy=hvd.CompressionPolicy(min_elements=1))
+                opt.build(variables)
+                red = opt._hvdp.reduce([tensor(g.copy()) for g in local])
+                plan = opt._hvdp.plan
+            everyone = [allgathered(g.reshape(-1), f"kc.{name}.{graph}.{i}") for i, g in enumerate(local)]
             per_rank = [[e[r] for e in everyone] for r in range(hvd.size())]
-            got = [tf.reshape(g, [-1]).numpy() for g in red]
+            got = [keras.ops.convert_to_numpy(g).reshape(-1) for g in red]
             # a traced graph may turn x / c into x * (1/c) (Grappler): one ulp off the reference
             err = check_reduced(name, per_rank, got, plan.buckets, rtol_ref=2e-6 if graph else 1e-6)
-            print(f"  {name} ({'graph' if graph else 'eager'}): max |err| vs exact average {err:.3g}",
-                  flush=True)
+            print(f"  {name} ({'graph' if graph else 'eager'}, {keras.backend.backend()}): max |err| vs "
+                  f"exact average {err:.3g}", flush=True)
 
 
 def check_mixed_precision():
@@ -163,8 +185,6 @@ def check_mixed_precision():
 
 
 def check_checkpoint_callback():
-    import os
-    import tempfile
     folder = hvd.broadcast_object(tempfile.mkdtemp() if hvd.rank() == 0 else None, name="kck.dir")
     path = os.path.join(folder, "model.keras")
     x, y = data(32)
@@ -172,12 +192,123 @@ def check_checkpoint_callback():
     model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.01)), loss=LOSS)
     model.fit(x, y, batch_size=16, epochs=2, verbose=0,
               callbacks=[hvd.callbacks.ModelCheckpoint(path)])
-    hvd.allreduce(np.zeros(1), name="kck.barrier")
+    hvd.allreduce(tensor(np.zeros(1)), name="kck.barrier")
     if hvd.rank() == 0:
         assert os.listdir(folder) == ["model.keras"], os.listdir(folder)  # no temporary left
         restored = keras.models.load_model(path, compile=False)
         for a, b in zip(restored.get_weights(), model.get_weights()):
             np.testing.assert_array_equal(a, b)
+
+
+RESUME_POLICY = dict(min_elements=1)  # every tensor in an int8 bucket: residuals everywhere
+
+
+def _weights(model):
+    return [np.array(w) for w in model.get_weights()]
+
+
+def _one_more_step(model, xs, ys):
+    model.fit(xs[:8], ys[:8], batch_size=8, epochs=1, shuffle=False, verbose=0)
+    return _weights(model)
+
+
+def check_resume():
+    """The step after resuming from hvd.callbacks.ModelCheckpoint (or hvd.save_checkpoint) equals
+    the uninterrupted step exactly; without the residuals it does not."""
+    folder = os.environ.get("HVDP_TEST_CKPT_DIR") or tempfile.mkdtemp()
+    folder = hvd.broadcast_object(folder if hvd.rank() == 0 else None, name="krs.dir")
+    path = os.path.join(folder, "resume.keras")
+    x, y = data(16 * 8 * hvd.size(), seed=5)
+    xs, ys = shard(x, y, 8)
+    policy = hvd.CompressionPolicy(**RESUME_POLICY)
+    model = make_model()
+    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9), compression="int8", policy=policy)
+    model.compile(optimizer=opt, loss=LOSS)
+    model.fit(xs, ys, batch_size=8, epochs=2, shuffle=False, verbose=0,
+              callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), hvd.callbacks.ModelCheckpoint(path)])
+    saved = opt._hvdp.residual_state()
+    assert any(np.abs(v).max() > 0 for v in saved["worker"].values()), "no residual to keep"
+    # the ranks' residuals differ (per-worker state): each must get its own back
+    mine = np.concatenate([saved["worker"][k] for k in sorted(saved["worker"])])
+    every = allgathered(mine, "krs.mine")
+    assert not np.array_equal(every[0], every[-1])
+    hvd.save_checkpoint(os.path.join(folder, "pair.keras"), model, epoch=2)
+    uninterrupted = _one_more_step(model, xs, ys)
+
+    for how in ("load_model", "load_checkpoint"):
+        if how == "load_model":
+            resumed = hvd.load_model(path, compression="int8", policy=policy)
+        else:
+            fresh = make_model(seed=99)
+            fresh.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9),
+                                                             compression="int8", policy=policy), loss=LOSS)
+            resumed, extra = hvd.load_checkpoint(os.path.join(folder, "pair.keras"), fresh)
+            assert extra == {"epoch": 2}, extra
+        got = resumed.optimizer._hvdp.residual_state()
+        for side in ("worker", "server"):
+            for k, v in saved[side].items():
+                np.testing.assert_array_equal(got[side][k], v)
+        after = _one_more_step(resumed, xs, ys)
+        for a, b in zip(after, uninterrupted):
+            np.testing.assert_array_equal(a, b)  # exactly
+        assert_ranks_identical(resumed, f"krs.{how}")
+    # the same resume with the residuals zeroed does not give the same step: they matter
+    zeroed = hvd.load_model(path, compression="int8", policy=policy)
+    zeroed.optimizer._hvdp.load_residual_state({})
+    assert not all(np.array_equal(a, b) for a, b in zip(_one_more_step(zeroed, xs, ys), uninterrupted))
+
+
+def check_resume_other_size():
+    """Run alone (1 worker) on the checkpoint check_resume wrote with 2: the documented rule of
+    hvdp.twophase.TwoPhaseReducer.load_state_dict (worker residual kept where its padded
+    length is unchanged, server residual from zero)."""
+    from hvdp.twophase import chunk_length
+    from hvdp.keras.checkpoint import read_residuals
+    path = os.path.join(os.environ["HVDP_TEST_CKPT_DIR"], "resume.keras")
+    per_rank, _ = read_residuals(path)
+    assert len(per_rank) == 2 and hvd.size() == 1, (len(per_rank), hvd.size())
+    model = hvd.load_model(path, compression="int8", policy=hvd.CompressionPolicy(**RESUME_POLICY))
+    red = model.optimizer._hvdp
+    got = red.residual_state()
+    kept = 0
+    for b, idx in enumerate(red.plan.buckets):
+        n, k = sum(red.numels[i] for i in idx), f"b{b}"
+        old_padded = chunk_length(n, 2, red.codec.align) * 2
+        want = per_rank[0]["worker"][k] if old_padded == got["worker"][k].size else 0 * got["worker"][k]
+        kept += old_padded == got["worker"][k].size
+        np.testing.assert_array_equal(got["worker"][k], want)
+        assert not np.any(got["server"][k]), "server residual not reset at another size"
+    print(f"  {kept} of {len(red.plan.buckets)} worker residuals kept (same padded length)", flush=True)
+    x, y = data(16, seed=5)
+    h = model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
+    assert np.isfinite(h.history["loss"][-1])
+
+
+def check_syncbn():
+    """hvd.SyncBatchNormalization on 2 workers = BatchNormalization on 1 worker, same global batch."""
+    x, _ = data(8 * hvd.size(), seed=3)
+    xs = x[hvd.rank() * 8:(hvd.rank() + 1) * 8]
+    sync, ref = hvd.SyncBatchNormalization(momentum=0.5), keras.layers.BatchNormalization(momentum=0.5)
+    out = keras.ops.convert_to_numpy(sync(tensor(xs), training=True))
+    want = keras.ops.convert_to_numpy(ref(tensor(x), training=True))
+    np.testing.assert_allclose(out, want[hvd.rank() * 8:(hvd.rank() + 1) * 8], rtol=1e-5, atol=1e-5)
+    for a, b in zip(sync.non_trainable_weights, ref.non_trainable_weights):
+        np.testing.assert_allclose(keras.ops.convert_to_numpy(a), keras.ops.convert_to_numpy(b), rtol=1e-5, atol=1e-6)
+    assert not np.allclose(keras.ops.convert_to_numpy(
+        keras.layers.BatchNormalization()(tensor(xs), training=True)), out, atol=1e-3)  # local stats differ
+    with pytest_raises(ValueError, "synchronized"):
+        hvd.SyncBatchNormalization(synchronized=True)
+
+
+def pytest_raises(exc, text):
+    class _Raises:
+        def __enter__(self):
+            return self
+
+        def __exit__(self, kind, value, tb):
+            assert kind is not None and issubclass(kind, exc) and text in str(value), (kind, value)
+            return True
+    return _Raises()
 
 
 CHECKS = {
@@ -189,12 +320,18 @@ CHECKS = {
     "codecs": check_codecs,
     "mixed_precision": check_mixed_precision,
     "checkpoint": check_checkpoint_callback,
+    "resume": check_resume,
+    "resume_other_size": check_resume_other_size,
+    "syncbn": check_syncbn,
 }
 
 if __name__ == "__main__":
     hvd.init()
-    tf.config.threading.set_inter_op_parallelism_threads(1)
-    tf.config.threading.set_intra_op_parallelism_threads(1)
-    for name in sys.argv[1:] or list(CHECKS):
+    if TF:
+        tf.config.threading.set_inter_op_parallelism_threads(1)
+        tf.config.threading.set_intra_op_parallelism_threads(1)
+    else:
+        torch.set_num_threads(1)
+    for name in sys.argv[1:] or [n for n in CHECKS if n != "resume_other_size"]:
         CHECKS[name]()
         print(f"CHECK {name} OK rank={hvd.rank()}", flush=True)

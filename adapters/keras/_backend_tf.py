@@ -1,0 +1,147 @@
+"""hvdp.keras on Keras' TensorFlow backend: horovod.tensorflow's collectives, TF array ops,
+residuals and accumulators in ``tf.Variable`` (they must survive across traced train steps)."""
+import functools
+
+import horovod.tensorflow as hvd
+import numpy as np
+import tensorflow as tf
+from horovod.common.elastic import run_fn
+from horovod.common.exceptions import HorovodInternalError
+
+from .comm import TFCollectives, op_name
+from .ops import TFOps
+from .xla import refuse_xla
+
+
+class VariableStore:
+    """Residuals kept in tf.Variables, so error feedback survives across traced steps."""
+
+    def __init__(self, prefix):
+        self.prefix, self.vars = prefix, {}
+
+    def create(self, name, n):
+        """A zero residual of n elements; one of another size (a new layout) is replaced."""
+        v = self.vars.get(name)
+        if v is None or v.shape.num_elements() != n:
+            self.vars[name] = tf.Variable(tf.zeros([n]), trainable=False,
+                                          name=op_name(f"{self.prefix}_{name}"))
+
+    def get(self, name):
+        v = self.vars.get(name)
+        return None if v is None else tf.convert_to_tensor(v)
+
+    def set(self, name, value):
+        self.vars[name].assign(value)
+
+    def snapshot(self):
+        return {k: v.numpy() for k, v in self.vars.items()}
+
+    def restore(self, data):
+        """Residuals from ``data`` where present and of the right size; zero otherwise."""
+        for k, var in self.vars.items():
+            v = data.get(k)
+            ok = v is not None and var.shape.num_elements() == np.size(v)
+            var.assign(v if ok else tf.zeros_like(var))
+
+
+class Buffer:
+    """A local accumulator (``backward_passes_per_step``), updated inside traced steps."""
+
+    def __init__(self, shape, dtype="float32"):
+        with tf.init_scope():
+            self.var = tf.Variable(tf.zeros(shape, tf.as_dtype(dtype)), trainable=False)
+
+    def add(self, x):
+        self.var.assign_add(tf.cast(tf.convert_to_tensor(x), self.var.dtype))
+
+    def read(self):
+        return tf.convert_to_tensor(self.var)
+
+    def reset(self):
+        self.var.assign(tf.zeros_like(self.var))
+
+
+_ONE = {}
+
+
+class TFBackend:
+    name = "tensorflow"
+    hvd = hvd
+    ops = TFOps()
+    Collectives = TFCollectives
+    Store = VariableStore
+    Buffer = Buffer
+    init_scope = staticmethod(tf.init_scope)
+    refuse_xla = staticmethod(refuse_xla)
+    op_name = staticmethod(op_name)
+
+    @staticmethod
+    def is_sparse(g):
+        return isinstance(g, tf.IndexedSlices)
+
+    @staticmethod
+    def dense(g):
+        return tf.convert_to_tensor(g)
+
+    @staticmethod
+    def allgather_np(arr, name, process_set=hvd.global_process_set):
+        """numpy in, every rank's rows out (numpy); eager even while a step is traced."""
+        with tf.init_scope():
+            return hvd.allgather(tf.constant(np.asarray(arr)), name=name, process_set=process_set).numpy()
+
+    @staticmethod
+    def allreduce_np(arr, name, average=True):
+        with tf.init_scope():
+            return hvd.allreduce(tf.constant(np.asarray(arr)), name=name,
+                                 op=hvd.Average if average else hvd.Sum).numpy()
+
+    @staticmethod
+    def broadcast_variables(variables, names, root_rank, process_set):
+        for i, (v, name) in enumerate(zip(variables, names)):
+            v.assign(hvd.broadcast(tf.convert_to_tensor(v), root_rank, name=op_name(f"hvdp.bcast.{i}.{name}"),
+                                   process_set=process_set))
+
+    @staticmethod
+    def one():
+        """A 1 read from a variable: Horovod's allreduce op is not marked stateful, so TF's graph
+        optimizer would fold an allreduce of a constant into the value of its first run."""
+        if "v" not in _ONE:
+            with tf.init_scope():
+                _ONE["v"] = tf.Variable([1.0], trainable=False, name="hvdp_join_one")
+        return tf.convert_to_tensor(_ONE["v"])
+
+    @staticmethod
+    def horovod_join() -> int:
+        """Horovod's join op, run in a new ``tf.function`` each time: the op has no input and is not
+        marked stateful, so TF reuses the result of the first eager call and a second ``join``
+        (the next epoch) would return at once, measured here with TF 2.21."""
+        return int(tf.function(lambda: hvd.join())())
+
+    @staticmethod
+    def allreduce_differentiable(x, name, process_set=hvd.global_process_set):
+        """Sum over the workers, with Horovod's gradient (the sum of the upstream gradients)."""
+        return hvd.allreduce(x, op=hvd.Sum, name=op_name(name), process_set=process_set)
+
+    @staticmethod
+    def elastic_run(func):
+        """Horovod's elastic ``run`` for TF. Horovod 0.28.1's TF version turns a failed collective
+        into a reset only when the TF error names HorovodAllreduce, HorovodAllgather or
+        HorovodBroadcast, and otherwise swallows the error and returns as if training had
+        finished. hvdp's two-phase codecs use HorovodAlltoall, so here every failed Horovod op
+        resets, and any other error propagates."""
+        @functools.wraps(func)
+        def wrapper(state, *args, **kwargs):
+            try:
+                return func(state, *args, **kwargs)
+            except tf.errors.OpError as e:
+                if "Horovod" in (e.message or ""):
+                    raise HorovodInternalError(e) from e
+                raise
+
+        def reset():
+            hvd.shutdown()
+            hvd.init()
+        return run_fn(wrapper, reset)
+
+
+BACKEND = TFBackend()
