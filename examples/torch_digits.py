@@ -22,7 +22,7 @@ def parse_args(argv=None):
     p.add_argument("--epochs", type=int, default=15)
     p.add_argument("--batch-size", type=int, default=32, help="per worker")
     p.add_argument("--lr", type=float, default=0.05, help="for one worker; scaled by size")
-    p.add_argument("--compression", default="none", help="none, fp16, bf16, int8, topk")
+    p.add_argument("--compression", default="none", help="none, fp16, bf16, int8, topk, auto")
     p.add_argument("--topk-ratio", type=float, default=0.01)
     p.add_argument("--no-error-feedback", action="store_true")
     p.add_argument("--seed", type=int, default=0)
@@ -43,6 +43,21 @@ def make_model():
     return torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(),
                                torch.nn.Linear(256, 256), torch.nn.ReLU(),
                                torch.nn.Linear(256, 10))
+
+
+def describe_auto(auto, elapsed):
+    """auto's decision per bucket, the figures behind it and the probe's share of the run."""
+    lines = [f"auto: {auto['probes']} probe(s), {1e3 * auto['probe_wall_s']:.0f} ms "
+             f"({100 * auto['probe_wall_s'] / elapsed:.2f}% of this run)"]
+    for b in auto["buckets"]:
+        pred = ", ".join(f"{k.split('(')[0]} {v:.2f}" for k, v in b["predicted_ms"].items())
+        lines.append(f"  {b['bucket']} ({b['elements']} elements): {b['codec']}  [predicted ms: {pred or '-'}]")
+    costs = auto["costs"] or {}
+    for k, v in costs.get("links_per_byte", {}).items():
+        lines.append(f"  link {k}: {v['fixed_ms']:.3f} ms + {v['ns_per_unit']:.3f} ns/byte")
+    for k, v in costs.get("compute_per_element", {}).items():
+        lines.append(f"  codec {k}: {v['fixed_ms']:.3f} ms + {v['ns_per_unit']:.3f} ns/element")
+    return "\n".join(lines)
 
 
 def main(argv=None):
@@ -104,10 +119,13 @@ def main(argv=None):
         print(f"test accuracy {acc:.4f}  |  {rate:.0f} samples/s over {hvd.size()} worker(s)  |  "
               f"compression {stats['codec']} ({stats['compressed_tensors']} tensors compressed, "
               f"{stats['plain_tensors']} plain): wire bytes {wire['ratio']:.3f} of float32", flush=True)
+        if "auto" in stats:
+            print(describe_auto(stats["auto"], elapsed), flush=True)
         if args.json_out:
             with open(args.json_out, "w") as f:
                 json.dump({"test_accuracy": acc, "samples_per_s": rate, "codec": stats["codec"],
-                           "wire_ratio": wire["ratio"], "size": hvd.size(), "seed": args.seed}, f)
+                           "wire_ratio": wire["ratio"], "size": hvd.size(), "seed": args.seed,
+                           "elapsed_s": elapsed, "steps": steps * args.epochs, "auto": stats.get("auto")}, f)
     return acc
 
 

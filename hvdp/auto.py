@@ -143,7 +143,7 @@ def _work(codec, n: int, table: CostTable) -> Tuple[int, float, str]:
 
 
 def decide(buckets: Mapping[str, int], candidates: Sequence, table: CostTable,
-           margin: float = 0.02) -> Dict[str, Choice]:
+           margin: float = 0.05) -> Dict[str, Choice]:
     """Codec per bucket (name -> element count) of least predicted time.
 
     Example::

@@ -6,9 +6,10 @@ probe times exactly the paths training will take):
 
 - links: Horovod allreduce of float32 and of float16, alltoall and allgather of bytes, each at
   two sizes (a small one for the fixed cost, one near the largest bucket for the per-byte cost,
-  capped at ``MAX_PROBE_BYTES``), under the optimizer's own process set and names. Every size is
-  run once untimed (Horovod negotiates a new name once; the timed runs then take the cached
-  path, as training steps do) and then ``reps`` times, keeping the fastest;
+  capped at ``MAX_PROBE_BYTES``), under the optimizer's own process set and names. All are
+  first submitted together, untimed (Horovod negotiates each new name once, in one round; the
+  timed runs then take the cached path, as training steps do), then run one at a time in
+  ``reps`` interleaved rounds, keeping each one's fastest;
 - codecs: each candidate's whole per-rank work on one bucket (encode with the residual, the
   owner's decode-sum and re-encode, the final decode) by the real reducer on a loop-back comm
   (no wire), at two bucket sizes; fp16's casts likewise;
@@ -62,19 +63,20 @@ def _two_sizes(big: int, small: int, unit: int) -> Tuple[int, int]:
     return round_up(min(small, hi // 4)), hi
 
 
-def _best(fn: Callable[[], None], reps: int, clock) -> float:
-    fn()  # untimed: first use (Horovod's negotiation of a new name, allocations)
-    times = []
+def _fastest(runs: Sequence[Callable[[], None]], reps: int, clock) -> List[float]:
+    """The fastest of ``reps`` timed runs of each, the runs interleaved (noise spreads evenly)."""
+    best = [float("inf")] * len(runs)
     for _ in range(reps):
-        t0 = clock()
-        fn()
-        times.append(clock() - t0)
-    return min(times)
+        for i, run in enumerate(runs):
+            t0 = clock()
+            run()
+            best[i] = min(best[i], clock() - t0)
+    return best
 
 
 def measure(comm, ops, like, bucket_elements: Sequence[int], candidates: Sequence,
             make_reducer: Callable, gather: Callable[[bytes, str], List[bytes]],
-            reps: int = 3, clock=time.perf_counter, sync: Callable[[], None] = lambda: None) -> CostTable:
+            reps: int = 2, clock=time.perf_counter, sync: Callable[[], None] = lambda: None) -> CostTable:
     """Probe links and codecs for buckets of ``bucket_elements`` and return the shared table.
 
     Args:
@@ -84,39 +86,37 @@ def measure(comm, ops, like, bucket_elements: Sequence[int], candidates: Sequenc
         make_reducer: ``(codec, comm) -> reducer`` exactly as training builds them.
         gather: ``(bytes, name) -> [every rank's bytes]`` (equal lengths), e.g. the adapter's
             ``allgather_fixed``.
+        reps: timed runs of each entry (the fastest is kept), after one untimed run.
         sync: waits for the device (CUDA: ``torch.cuda.synchronize``), called inside timings.
     """
     t_start = clock()
     p = comm.size
     nmax = max(list(bucket_elements) + [1])
     entries: List[Tuple[str, str, float]] = []   # (kind, key, x) in the same order on every rank
-    times: List[float] = []
+    submits: List[Callable[[], object]] = []
 
-    def timed(kind: str, key: str, x: float, fn: Callable[[], None]) -> None:
-        def run():
-            fn()
-            sync()
-        entries.append((kind, key, x))
-        times.append(_best(run, reps, clock))
+    def link(key: str, x: float, submit: Callable[[], object]) -> None:
+        entries.append(("link", key, x))
+        submits.append(submit)
 
-    # links
     for dtype, item in (("float32", 4), ("float16", 2)):
         for nb in _two_sizes(min(item * nmax, MAX_PROBE_BYTES), SMALL_BYTES, 4 * p):
             buf = ops.zeros(nb // item, dtype, like=like)
-            name = f"hvdp.probe.ar.{dtype}.{nb}"
-            timed("link", f"allreduce.{dtype}", nb,
-                  lambda b=buf, n=name: comm.wait(comm.allreduce_async(b, n, AVERAGE, 1.0, 1.0)))
+            link(f"allreduce.{dtype}", nb, lambda b=buf, n=f"hvdp.probe.ar.{dtype}.{nb}":
+                 comm.allreduce_async(b, n, AVERAGE, 1.0, 1.0))
     two_phase = [c for c in candidates if not c.summable]
     payload = max([c.payload_nbytes(chunk_length(nmax, p, c.align)) for c in two_phase] + [4 * nmax // p])
     for nb in _two_sizes(min(payload, MAX_PROBE_BYTES // p), SMALL_BYTES // p, 8):
-        send = ops.zeros(p * nb, "uint8", like=like)
-        own = ops.zeros(nb, "uint8", like=like)
-        timed("link", "alltoall", p * nb,
-              lambda b=send, n=f"hvdp.probe.a2a.{nb}": comm.wait(comm.alltoall_async(b, n)))
-        timed("link", "allgather", nb,
-              lambda b=own, n=f"hvdp.probe.ag.{nb}": comm.wait(comm.allgather_async(b, n)))
+        send, own = ops.zeros(p * nb, "uint8", like=like), ops.zeros(nb, "uint8", like=like)
+        link("alltoall", p * nb, lambda b=send, n=f"hvdp.probe.a2a.{nb}": comm.alltoall_async(b, n))
+        link("allgather", nb, lambda b=own, n=f"hvdp.probe.ag.{nb}": comm.allgather_async(b, n))
+    # untimed, all at once (one negotiation round for every new name), then one by one
+    for h in [s() for s in submits]:
+        comm.wait(h)
+    times = _fastest([lambda s=s: (comm.wait(s()), sync()) for s in submits], reps, clock)
     # codecs, alone on this rank
     loop = LoopbackComm(p, comm.rank, ops)
+    runs = []
     for n in _two_sizes(min(nmax, MAX_PROBE_ELEMENTS), 4096, 1):
         x = ops.zeros(n, "float32", like=like) + 1.0
         for c in candidates:
@@ -127,7 +127,11 @@ def measure(comm, ops, like, bucket_elements: Sequence[int], candidates: Sequenc
             else:
                 red = make_reducer(c, loop)
                 fn = lambda red=red, x=x: red.finish(red.start("hvdp.probe", x))  # noqa: E731
-            timed("codec", str(c), n, fn)
+            entries.append(("codec", str(c), n))
+            runs.append(lambda fn=fn: (fn(), sync()))
+    for run in runs:  # untimed: first use (allocations, a kernel's set-up)
+        run()
+    times += _fastest(runs, reps, clock)
     # the same table everywhere (see the module's docstring for min / max)
     mine = struct.pack(f"<{len(times) + 1}d", *times, clock() - t_start)
     rows = [struct.unpack(f"<{len(times) + 1}d", b) for b in gather(mine, "hvdp.probe.table")]

@@ -33,7 +33,7 @@ class Auto:
 
     name: ClassVar[str] = "auto"
     candidates: Tuple[Any, ...] = DEFAULT_CANDIDATES
-    margin: float = 0.02
+    margin: float = 0.05
     costs: Any = None
 
     def __post_init__(self):
