@@ -3,13 +3,17 @@
     python benchmarks/codecs_bench.py [--mib 64] [--json-out F]
 
 Speed: compress+decompress throughput of float32 input (torch ops, this machine's CPU), as a ratio
-to a memcpy of the same buffer measured in the same run. Method of Horovod's synthetic
+to a memcpy of the same buffer measured in the same run. Then the fused CPU kernels (hvdp.kernels)
+against the array-op path, side by side (numpy and torch CPU arrays): int8 encode+decode, int8 +
+error feedback (encode with the residual, then decode; and the reducer's whole worker + owner
+work at P = 1), the owner's decode-sum of P = 2 and 4 payloads, bf16 encode+decode. Method of Horovod's synthetic
 benchmarks: warm-up, then 10 iterations of 10 repetitions; mean and 95% interval of the mean.
 Wire bytes: what the two-phase reduction hands to alltoall/allgather for P simulated workers
 (hvdp.simcomm), per worker, against a float32 ring allreduce, next to the formula.
 """
 import argparse
 import json
+import os
 import statistics
 import time
 
@@ -18,6 +22,7 @@ import torch
 
 from hvdp import codecs
 from hvdp.collectives import AVERAGE
+from hvdp.kernels import registry
 from hvdp.ops import NumpyOps
 from hvdp.simcomm import FakeGroup
 from hvdp.stats import WireStats
@@ -31,6 +36,10 @@ T95 = 2.262  # Student t, 9 degrees of freedom
 def timed(fn, reps=10, iters=10, warmup=3):  # warm-up also absorbs torch.compile
     for _ in range(warmup):
         fn()
+    if reps is None:  # as many as fill ~50 ms per iteration (slow paths take fewer)
+        t0 = time.perf_counter()
+        fn()
+        reps = max(1, min(10, int(0.05 / max(time.perf_counter() - t0, 1e-6))))
     rates = []
     for _ in range(iters):
         t0 = time.perf_counter()
@@ -47,6 +56,7 @@ class _One:
 
 
 def speed(mib):
+    os.environ["HVDP_KERNELS"] = "off"  # these rows are the array-op path (and torch.compile's)
     n = mib * 2**20 // 4
     x = torch.randn(n)
     dst = torch.empty_like(x)
@@ -69,7 +79,67 @@ def speed(mib):
             fn = lambda codec=codec: codec.decode(ops, codec.encode(ops, x), n)  # noqa: E731
         r, ci = timed(fn)
         rows[label] = (gbs(r), gbs(ci), r / base)
-    return rows
+    os.environ.pop("HVDP_KERNELS", None)
+    krows, kdesc = _kernel_rows(n, base, gbs)
+    return rows, krows, kdesc
+
+
+def _kernel_rows(n, base, gbs):
+    """Each phase through the fused kernels and through the array ops, on numpy and torch arrays."""
+    rows = {}
+    int8, bf16 = codecs.get("int8"), codecs.get("bf16")
+    for fw, ops, mk in [("numpy", NumpyOps(), lambda a: a), ("torch", TorchOps(), torch.from_numpy)]:
+        x = mk(np.random.default_rng(0).standard_normal(n).astype(np.float32))
+        r = mk(np.random.default_rng(1).standard_normal(n).astype(np.float32) * np.float32(1e-3))
+        res, dec = mk(np.empty(n, np.float32)), mk(np.empty(n, np.float32))
+        ki, kb = registry.select(int8, ops, x), registry.select(bf16, ops, x)
+        if ki is None or kb is None:
+            print(f"no kernels for {fw}: {registry.explain(int8, ops, x)[1]}")
+            continue
+        pl_i = mk(np.empty(int8.payload_nbytes(n), np.uint8))
+        pl_b = mk(np.empty(bf16.payload_nbytes(n), np.uint8))
+
+        def ops_ef(x=x, r=r, ops=ops):  # the reducer's array ops for one chunk with its residual
+            y = x + r
+            q = int8.encode(ops, y)
+            d = int8.decode(ops, q, n)
+            return ops.where(ops.isfinite(y - d), y - d, 0.0)
+
+        cases = {
+            "int8 encode+decode": (lambda: ki.decode(ki.encode(x, out=pl_i), n, out=dec),
+                                   lambda: int8.decode(ops, int8.encode(ops, x), n)),
+            "int8+EF encode (residual)+decode": (
+                lambda: ki.decode(ki.encode(x, prev=r, residual=res, out=pl_i), n, out=dec), ops_ef),
+            "bf16 encode+decode": (lambda: kb.decode(kb.encode(x, out=pl_b), n, out=dec),
+                                   lambda: bf16.decode(ops, bf16.encode(ops, x), n)),
+        }
+        for p in (2, 4):
+            c = n // p
+            pls = ops.cat([int8.encode(ops, x[j * c:(j + 1) * c]) for j in range(p)])
+            nb = int8.payload_nbytes(c)
+
+            def ops_sum(pls=pls, p=p, c=c, nb=nb, ops=ops):
+                acc = int8.decode(ops, pls[:nb], c)
+                for j in range(1, p):
+                    acc = ops.add_(acc, int8.decode(ops, pls[j * nb:(j + 1) * nb], c))
+                return ops.mul_(acc, 1.0 / p)
+            # per output element: P payloads read; rated against a memcpy of the chunk
+            cases[f"owner decode-sum p={p}"] = (lambda pls=pls, p=p, c=c: ki.decode_sum(pls, p, c, 1.0 / p),
+                                                 ops_sum, c)
+        for label, (kern, arr, *m) in cases.items():
+            m = m[0] if m else n
+            for path, fn in (("kernel", kern), ("array ops", arr)):
+                rate, ci = timed(fn, reps=None)
+                rows.setdefault(label, {})[f"{path} ({fw})"] = (gbs(rate) * m / n, gbs(ci) * m / n,
+                                                                rate * m / n / base)
+        for path, env in (("kernel", "auto"), ("array ops", "off")):  # the reducer, worker + owner
+            os.environ["HVDP_KERNELS"] = env
+            red = TwoPhaseReducer(int8, ops, _One(), True, AVERAGE)
+            rate, ci = timed(lambda red=red: red.finish(red.start("b", x)), reps=None)
+            rows.setdefault("int8+EF reducer (worker+owner, P=1)", {})[f"{path} ({fw})"] = \
+                (gbs(rate), gbs(ci), rate / base)
+        os.environ.pop("HVDP_KERNELS", None)
+    return rows, getattr(registry.select(int8, NumpyOps(), np.zeros(4, np.float32)), "description", None)
 
 
 def wire(ps=(2, 4, 8), n=2**20):
@@ -100,11 +170,18 @@ def main():
     ap.add_argument("--json-out")
     a = ap.parse_args()
     torch.set_num_threads(1)
-    sp = speed(a.mib)
+    sp, kr, kdesc = speed(a.mib)
     print(f"codec speed, {a.mib} MiB float32, 1 thread (GB/s of float32 input, ± 95% interval)")
     print("| codec | compress+decompress GB/s | ÷ memcpy |\n|---|---|---|")
     for k, (g, ci, ratio) in sp.items():
         print(f"| {k} | {g:.2f} ± {ci:.2f} | {ratio:.3f} |")
+    print(f"\nfused CPU kernels ({kdesc}) vs array ops, ÷ memcpy in the same run (GB/s of float32 "
+          "values ± 95% interval in brackets)")
+    cols = [f"{p} ({fw})" for p in ("kernel", "array ops") for fw in ("numpy", "torch")]
+    print("| phase | " + " | ".join(cols) + " |\n|---|" + "---|" * len(cols))
+    for k, row in kr.items():
+        cells = [f"{row[c][2]:.3f} ({row[c][0]:.2f} ± {row[c][1]:.2f})" if c in row else "—" for c in cols]
+        print(f"| {k} | " + " | ".join(cells) + " |")
     wi = wire()
     print("\nwire bytes per worker ÷ float32 ring allreduce (measured from the buffers handed to the "
           "collectives | formula b/4)")
@@ -114,7 +191,7 @@ def main():
         print(f"| {name} | {cells} |")
     if a.json_out:
         with open(a.json_out, "w") as f:
-            json.dump({"speed": sp, "wire": {f"{k[0]}@{k[1]}": v for k, v in wi.items()}}, f, indent=1)
+            json.dump({"speed": sp, "kernels": kr, "kernel_build": kdesc, "wire": {f"{k[0]}@{k[1]}": v for k, v in wi.items()}}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -23,16 +23,20 @@ static inline uint32_t fbits(float f) { uint32_t u; memcpy(&u, &f, 4); return u;
 static inline float bitsf(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
 static inline float finite_or_zero(float r) { return (fbits(r) & 0x7fffffffu) < 0x7f800000u ? r : 0.0f; }
 
-/* One int8 block: y (B values, already x + prev) -> codes q, returns the stored scale. Writes the
- * residual y - decode(q) (non-finite -> 0) when res is not NULL. */
-static float int8_block(const float *y, int64_t B, int clip, int8_t *q, float *res, int *flagged)
+/* One int8 block of y = x (+ prev): codes q and, when res is not NULL, the residual
+ * y - decode(q) (non-finite -> 0); returns the stored scale. Two passes over the block (in L1):
+ * absmax, then codes and residual; y is computed again rather than stored. */
+#define INLINE static inline __attribute__((always_inline))
+#define Y(i) (prev ? x[i] + prev[i] : x[i])
+
+INLINE float int8_block(const float *restrict x, const float *restrict prev, int64_t B, int clip,
+                        int8_t *restrict q, float *restrict res, int *flagged)
 {
     /* two integer max reductions over |y|'s bits (ordered like the floats): all values, and the
      * finite ones; the compiler vectorises this form */
-    const int32_t *yu = (const int32_t *)y;
     int32_t m = 0, mall = 0;
     for (int64_t i = 0; i < B; i++) {
-        int32_t a = yu[i] & 0x7fffffff;
+        int32_t a = (int32_t)(fbits(Y(i)) & 0x7fffffffu);
         int32_t v = a < 0x7f800000 ? a : 0;
         m = v > m ? v : m;
         mall = a > mall ? a : mall;
@@ -42,55 +46,45 @@ static float int8_block(const float *y, int64_t B, int clip, int8_t *q, float *r
     float safe = scale > 0.0f ? scale : 1.0f;
     *flagged = nf;
     if (!nf) {
-        if (clip) {
-            for (int64_t i = 0; i < B; i++) {
-                float r = rintf(y[i] / safe);
-                r = r < -127.0f ? -127.0f : (r > 127.0f ? 127.0f : r);
-                q[i] = (int8_t)(int32_t)r;
-            }
-        } else {
-            for (int64_t i = 0; i < B; i++)
-                q[i] = (int8_t)(int32_t)rintf(y[i] / safe);
+#define CODES(CLIP, RES)                                                              \
+        for (int64_t i = 0; i < B; i++) {                                             \
+            float y = Y(i);                                                           \
+            int32_t k = (int32_t)rintf(y / safe); /* |k| < 256: exact */              \
+            if (CLIP) k = k < -127 ? -127 : (k > 127 ? 127 : k);                      \
+            int8_t c = (int8_t)k;                                                     \
+            q[i] = c;                                                                 \
+            if (RES) res[i] = finite_or_zero(y - (float)c * scale);                   \
         }
-        if (res)
-            for (int64_t i = 0; i < B; i++)
-                res[i] = finite_or_zero(y[i] - (float)q[i] * scale);
+        if (clip) {
+            if (res) { CODES(1, 1) } else { CODES(1, 0) }
+        } else {
+            if (res) { CODES(0, 1) } else { CODES(0, 0) }
+        }
+#undef CODES
         return scale;
     }
     float mag = scale > TINY ? scale : TINY;
     for (int64_t i = 0; i < B; i++) {
-        uint32_t fin = (fbits(y[i]) & 0x7fffffffu) < 0x7f800000u;
-        float r = rintf(y[i] / safe);
-        r = r < -127.0f ? -127.0f : (r > 127.0f ? 127.0f : r);
-        q[i] = fin ? (int8_t)(int32_t)r : (int8_t)-128;
+        float y = Y(i);
+        uint32_t fin = (fbits(y) & 0x7fffffffu) < 0x7f800000u;
+        int32_t k = (int32_t)rintf(y / safe);  /* any value where y is not finite: replaced */
+        k = k < -127 ? -127 : (k > 127 ? 127 : k);
+        int8_t c = fin ? (int8_t)k : (int8_t)-128;
+        q[i] = c;
+        if (res) res[i] = fin ? finite_or_zero(y - (float)c * mag) : 0.0f;
     }
-    if (res)
-        for (int64_t i = 0; i < B; i++) {
-            uint32_t fin = (fbits(y[i]) & 0x7fffffffu) < 0x7f800000u;
-            res[i] = fin ? finite_or_zero(y[i] - (float)q[i] * mag) : 0.0f;
-        }
     return -mag;
 }
 
-static void load_block(const float *restrict x, const float *restrict prev, int64_t B, float *restrict y)
-{
-    if (prev)
-        for (int64_t i = 0; i < B; i++) y[i] = x[i] + prev[i];
-    else
-        memcpy(y, x, (size_t)B * 4);
-}
-
-/* x (+ prev) -> payload (n + 4 n/B bytes) and, when res is not NULL, the new residual.
- * res must not overlap x or prev. Returns 0, or -1 when out of memory. */
-int hvdp_int8_encode(const float *x, const float *prev, float *res, uint8_t *out, int64_t n, int64_t B)
+/* Inlined with a constant B for the usual block sizes (and prev, res known to be NULL or not):
+ * the compiler then vectorises each loop without per-block set-up, which dominates otherwise. */
+INLINE void int8_encode(const float *x, const float *prev, float *res, uint8_t *out, int64_t n, int64_t B)
 {
     int64_t nblocks = n / B, first_nf = -1, first_sub = -1;
-    float *y = (float *)malloc((size_t)B * 4);
-    if (!y) return -1;
     for (int64_t b = 0; b < nblocks; b++) {
         int flagged;
-        load_block(x + b * B, prev ? prev + b * B : NULL, B, y);
-        float s = int8_block(y, B, first_nf >= 0, (int8_t *)out + b * B, res ? res + b * B : NULL, &flagged);
+        float s = int8_block(x + b * B, prev ? prev + b * B : NULL, B, first_nf >= 0, (int8_t *)out + b * B,
+                             res ? res + b * B : NULL, &flagged);
         memcpy(out + n + 4 * b, &s, 4);
         if (flagged && first_nf < 0) first_nf = b;
         if (!flagged && first_sub < 0 && s > 0.0f && s < FLT_MIN) first_sub = b;
@@ -100,12 +94,37 @@ int hvdp_int8_encode(const float *x, const float *prev, float *res, uint8_t *out
     if (first_nf >= 0 && first_sub >= 0 && first_sub < first_nf)
         for (int64_t b = first_sub; b < first_nf; b++) {
             int flagged;
-            load_block(x + b * B, prev ? prev + b * B : NULL, B, y);
-            float s = int8_block(y, B, 1, (int8_t *)out + b * B, res ? res + b * B : NULL, &flagged);
+            float s = int8_block(x + b * B, prev ? prev + b * B : NULL, B, 1, (int8_t *)out + b * B,
+                                 res ? res + b * B : NULL, &flagged);
             memcpy(out + n + 4 * b, &s, 4);
         }
-    free(y);
-    return 0;
+}
+
+#define BLOCK_CASES(CALL) \
+    switch (B) {          \
+    case 64: CALL(64);    \
+    case 128: CALL(128);  \
+    case 256: CALL(256);  \
+    case 512: CALL(512);  \
+    case 1024: CALL(1024); \
+    case 2048: CALL(2048); \
+    case 4096: CALL(4096); \
+    default: CALL(B);     \
+    }
+
+/* x (+ prev) -> payload (n + 4 n/B bytes) and, when res is not NULL, the new residual.
+ * res must not overlap x or prev. Returns 0. */
+int hvdp_int8_encode(const float *x, const float *prev, float *res, uint8_t *out, int64_t n, int64_t B)
+{
+#define ENC(K) int8_encode(x, prev, res, out, n, K); return 0
+#define VARIANTS(K)                                                      \
+    if (prev && res) { int8_encode(x, prev, res, out, n, K); return 0; } \
+    if (res) { int8_encode(x, NULL, res, out, n, K); return 0; }         \
+    if (prev) { int8_encode(x, prev, NULL, out, n, K); return 0; }       \
+    int8_encode(x, NULL, NULL, out, n, K); return 0
+    BLOCK_CASES(VARIANTS)
+#undef VARIANTS
+#undef ENC
 }
 
 static int all_nonnegative(const uint8_t *scales, int64_t nblocks)
@@ -119,9 +138,7 @@ static int all_nonnegative(const uint8_t *scales, int64_t nblocks)
     return ok;
 }
 
-/* out = (decode(payload_0) + ... + decode(payload_{p-1})) * scale (no multiplication when
- * do_scale is 0), summed in that order in float32; payloads back to back. p = 1: a decode. */
-void hvdp_int8_decode_sum(const uint8_t *pl, int64_t p, int64_t n, int64_t B, float scale, int do_scale, float *out)
+INLINE void int8_decode_sum(const uint8_t *pl, int64_t p, int64_t n, int64_t B, float scale, int do_scale, float *out)
 {
     int64_t nblocks = n / B, nb = n + 4 * nblocks;
     const float qnan = bitsf(0x7fc00000u);
@@ -150,6 +167,15 @@ void hvdp_int8_decode_sum(const uint8_t *pl, int64_t p, int64_t n, int64_t B, fl
             for (int64_t i = 0; i < B; i++) o[i] = o[i] * scale;
     }
     if (general != gen) free(general);
+}
+
+/* out = (decode(payload_0) + ... + decode(payload_{p-1})) * scale (no multiplication when
+ * do_scale is 0), summed in that order in float32; payloads back to back. p = 1: a decode. */
+void hvdp_int8_decode_sum(const uint8_t *pl, int64_t p, int64_t n, int64_t B, float scale, int do_scale, float *out)
+{
+#define DEC(K) int8_decode_sum(pl, p, n, K, scale, do_scale, out); return
+    BLOCK_CASES(DEC)
+#undef DEC
 }
 
 /* --- 16-bit casts -------------------------------------------------------------------------- */

@@ -129,8 +129,10 @@ def test_tiny_scale_wraps_then_clips_like_reference():
     assert np.frombuffer(want[:64].tobytes(), np.int8)[0] == -128  # the reference wraps here
     same(k.encode(x), want)
     x[150] = np.inf
+    x[140] = x[70] = np.float32(-2.0 ** -142)  # quotient -128 in a flagged and in a clean block
     want = codec.encode(OPS, x)
-    assert np.frombuffer(want[:64].tobytes(), np.int8)[0] == 127  # and clips here
+    codes = np.frombuffer(want[:192].tobytes(), np.int8)
+    assert codes[0] == 127 and codes[70] == -127 and codes[140] == -127 and codes[150] == -128  # clipped
     res = np.empty_like(x)
     same(k.encode(x, residual=res), want)
     same(res, reference_encode(codec, x)[1])
