@@ -147,6 +147,43 @@ def hang_settings(environ) -> tuple:
     return notes, problems
 
 
+def kernel_paths(ops=None, like=None, names=("int8", "bf16", "topk")) -> list:
+    """One line per codec of the two-phase reduction: which implementation of its phases runs for
+    arrays like ``like`` (default: numpy arrays in host memory) and, where no kernel serves, why.
+    (fp16 and none are summed by Horovod's allreduce: no codec phases of hvdp's run for them.)"""
+    from .codecs import get
+    from .kernels.registry import explain
+    if ops is None:
+        import numpy as np
+        from .ops import NumpyOps
+        ops, like = NumpyOps(), np.zeros(4, np.float32)
+    lines = []
+    for name in names:
+        try:
+            k, why = explain(get(name), ops, like)
+        except ValueError as e:  # a bad HVDP_KERNELS value
+            lines.append(f"{name}: array ops ({e})")
+            continue
+        if k is not None:
+            desc = getattr(k, "description", "")
+            lines.append(f"{name}: {k.path} kernel" + (f" ({desc})" if desc else ""))
+        else:
+            lines.append(f"{name}: array ops ({'; '.join(why)})")
+    return lines
+
+
+_CUDA_KERNEL_PROBE = r"""
+import json
+import torch
+if not torch.cuda.is_available():
+    print(json.dumps({"lines": []})); raise SystemExit
+import hvdp.torch  # registers the CUDA kernels
+from hvdp.doctor import kernel_paths
+from hvdp.torch.ops import TorchOps
+print(json.dumps({"lines": kernel_paths(TorchOps(), torch.zeros(4, device="cuda"), ("int8",))}))
+"""
+
+
 def diagnose() -> dict:
     """Collect versions, build facts and pitfalls. Pure data; ``main`` prints it."""
     mpirun = shutil.which("mpirun")
@@ -200,6 +237,11 @@ def diagnose() -> dict:
     if os.geteuid() == 0:
         report.setdefault("notes", []).append(
             "running as root: Open MPI needs --allow-run-as-root (horovodrun passes it)")
+    report["kernels"] = {"host": kernel_paths()}
+    if report["versions"]["torch"]:
+        cuda = _run_probe(_CUDA_KERNEL_PROBE)
+        if cuda.get("lines"):
+            report["kernels"]["cuda"] = cuda["lines"]
     stall_notes, stall_problems = hang_settings(os.environ)
     report.setdefault("notes", []).extend(stall_notes)
     pit.extend(stall_problems)
@@ -226,6 +268,10 @@ def main(argv=None) -> int:
               + (f"   built against {fw} {r['built_against'][fw]}" if fw in r.get("built_against", {}) else ""))
     if "mpi4py" in r and "library" in r["mpi4py"]:
         print(f"mpi4py MPI  {r['mpi4py']['library']}")
+    for where, lines in r.get("kernels", {}).items():
+        print(f"codec kernels ({'host memory' if where == 'host' else 'CUDA tensors'}):")
+        for line in lines:
+            print(f"  {line}")
     for note in r.get("notes", []):
         print(f"note: {note}")
     for problem, fix in r["pitfalls"]:

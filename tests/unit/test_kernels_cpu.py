@@ -229,3 +229,15 @@ def test_registry_order_duplicates_and_broken_provider():
         registry.unregister("test-first")
         registry.unregister("test-broken")
     assert "test-first" not in registry.providers()
+
+
+def test_doctor_names_the_path_and_why(monkeypatch):
+    from hvdp.doctor import kernel_paths
+    lines = kernel_paths()
+    assert lines[2] == "topk: array ops (cpu-c: no CPU kernel for topk (kernels exist for int8, bf16, fp16))"
+    if HAVE_CC:
+        assert lines[0].startswith("int8: cpu-c kernel (") and "-O3" in lines[0]
+    monkeypatch.setenv("CC", "/nonexistent/hvdp-cc")
+    assert kernel_paths()[0].startswith("int8: array ops (cpu-c: no C compiler: CC='/nonexistent/hvdp-cc'")
+    monkeypatch.setenv("HVDP_KERNELS", "off")
+    assert kernel_paths()[1] == "bf16: array ops (HVDP_KERNELS=off: the array ops run (unset it to use kernels))"
