@@ -8,7 +8,9 @@ What it checks, printing one line per check:
   2. An allreduce of a CUDA tensor returns on the same device with the right value.
   3. Every codec (none, fp16, bf16, int8, topk) run with hvdp.torch.TorchOps on CUDA encodes to the
      same bytes as the numpy reference (hvdp.ops.NumpyOps) and decodes to the same values.
-  4. One DistributedOptimizer step of a small CUDA model with fp16, bf16 and int8 compression
+  4. hvdp.kernels selects the Triton int8 kernels for CUDA tensors; their payload equals numpy's.
+  5. int8 training through those kernels equals the array-op path (HVDP_KERNELS=off) bit for bit.
+  6. One DistributedOptimizer step of a small CUDA model with fp16, bf16 and int8 compression
      against the same step uncompressed, under each codec's error bound.
 Exit status 1 if a check fails; 0 with "SKIP: no CUDA device" on a machine without a GPU.
 """
@@ -74,6 +76,57 @@ def check_codecs(hvd, dev):
                f"decoded values {'equal to' if same_values else 'DIFFERENT from'} numpy's")
 
 
+def check_kernels(hvd, dev):
+    """hvdp.kernels picks the Triton kernels for int8 on CUDA, and they match numpy's bytes."""
+    from hvdp import codecs
+    from hvdp.kernels import registry
+    from hvdp.ops import NumpyOps
+
+    codec = codecs.get("int8")
+    x = torch.randn(1 << 20, device=dev) * 5
+    kern, why = registry.explain(codec, hvd.TorchOps(), x)
+    path = getattr(kern, "path", None)
+    report("kernel_selected_cuda", path == "cuda-triton", f"int8 on {dev}: {path or 'array ops'} {why}")
+    if kern is not None:
+        ref = codec.encode(NumpyOps(), x.cpu().numpy())
+        same = np.array_equal(kern.encode(x).cpu().numpy(), ref)
+        report("kernel_payload_cuda", same, f"{x.numel()} values: payload {'identical to' if same else 'DIFFERENT from'} numpy's")
+
+
+def check_kernel_training(hvd, dev, steps=5, width=4096):
+    """int8 training through the Triton kernels equals the array-op path bit for bit; step times."""
+    import os
+    results = {}
+    for path in ("kernels", "array ops"):
+        os.environ["HVDP_KERNELS"] = "auto" if path == "kernels" else "off"  # read at the first step
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.ReLU(),
+                                    torch.nn.Linear(width, 10)).to(dev)
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=LR),
+                                       named_parameters=[(f"{path}.{k}", p) for k, p in model.named_parameters()],
+                                       compression="int8")
+        g = torch.Generator(device="cpu").manual_seed(5)
+        times = []
+        for _ in range(steps):
+            x = torch.randn(256, width, generator=g).to(dev)
+            y = torch.randint(0, 10, (256,), generator=g).to(dev)
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+            torch.cuda.synchronize()
+            times.append(time.perf_counter() - t0)
+        results[path] = (model, sorted(times[1:])[len(times[1:]) // 2], opt.compression_stats().get("paths"))
+    os.environ.pop("HVDP_KERNELS")
+    (mk, tk, pk), (ma, ta, pa) = results["kernels"], results["array ops"]
+    same = all(torch.equal(a, b) for a, b in zip(mk.parameters(), ma.parameters()))
+    report("training_int8_kernels_equal_arrayops_cuda", same and "cuda-triton" in str(pk),
+           f"{steps} int8 SGD steps of a {sum(p.numel() for p in mk.parameters()) / 1e6:.1f}M-parameter "
+           f"model: parameters {'bit-identical' if same else 'DIFFERENT'}; paths {pk} vs {pa}; median step "
+           f"{tk * 1e3:.2f} ms (kernels) vs {ta * 1e3:.2f} ms (array ops)")
+
+
 def one_step(hvd, dev, compression):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(),
@@ -120,7 +173,8 @@ def main():
     dev = f"cuda:{hvd.local_rank()}"
     print(f"gpu_check: rank {hvd.rank()}/{hvd.size()} on {torch.cuda.get_device_name(dev)}, "
           f"torch {torch.__version__} (CUDA {torch.version.cuda})", flush=True)
-    for check in (check_build, check_allreduce, check_codecs, check_optimizer):
+    for check in (check_build, check_allreduce, check_codecs, check_kernels, check_kernel_training,
+                  check_optimizer):
         try:
             check(hvd, dev)
         except Exception as e:  # a crash in one check must not hide the others' results

@@ -70,9 +70,10 @@ class CudaInt8Kernels:
 
     path = "cuda-triton"
 
-    def __init__(self, codec, elements_per_program=4096, warps=4):
+    def __init__(self, codec, elements_per_program=2048, warps=4):
         self.codec = codec
         self.block = codec.block_size
+        # 2048 x 4 warps: the fastest of 2048..16384 x 4/8 on an H200 (benchmarks/cuda_codecs.py)
         self.rows = max(1, elements_per_program // self.block)  # whole blocks per program
         self.warps = warps
 

@@ -132,7 +132,9 @@ def _first_error(log_path: str, context: int = 14) -> str:
     """The first compiler or CMake error of a build log (the last lines are pip's traceback)."""
     with open(log_path, errors="replace") as f:
         lines = f.readlines()
-    first = next((i for i, ln in enumerate(lines) if re.search(r"CMake Error|\berror:|fatal error", ln)), None)
+    # pip's own "error: subprocess-exited-with-error" says nothing about the cause: skip it
+    first = next((i for i, ln in enumerate(lines) if re.search(r"CMake Error|\berror:|fatal error", ln)
+                  and "subprocess-exited-with-error" not in ln), None)
     shown = lines[first:first + context] if first is not None else lines[-30:]
     return "".join(shown)
 

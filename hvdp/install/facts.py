@@ -70,6 +70,7 @@ class Facts:
     mpi_compiler: bool = False                    # mpicxx / mpicc present (MPI headers usable)
     cxx: Optional[str] = None                     # path of the C++ compiler
     cmake: Optional[str] = None                   # "3.25.1"
+    cxx_version: Optional[str] = None             # "GNU 13.3.0", "Clang 17.0.6"
     toolkits: List[Toolkit] = field(default_factory=list)  # CUDA toolkits found (nvcc)
 
 
@@ -109,6 +110,19 @@ def mpi_flavour() -> Optional[str]:
         return f"MPICH {m.group(1)}"
     first = text.strip().splitlines()
     return first[0].strip() if first else "unknown MPI"
+
+
+def cxx_version(cxx: Optional[str]) -> Optional[str]:
+    """"GNU 13.3.0" / "Clang 17.0.6" from the compiler's ``--version``; None if unknown."""
+    if not cxx:
+        return None
+    text = _run([cxx, "--version"])
+    m = re.search(r"clang version ([\d.]+)", text)
+    if m:
+        return f"Clang {m.group(1)}"
+    first = text.splitlines()[0] if text else ""
+    m = re.search(r"(\d+\.\d+\.\d+)\s*$", first)  # "c++ (Debian 12.2.0-14) 12.2.0"
+    return f"GNU {m.group(1)}" if m and "Free Software Foundation" in text else None
 
 
 def cmake_version() -> Optional[str]:
@@ -158,9 +172,9 @@ def gather(python: str = sys.executable) -> Facts:
     """Read the facts of this machine for the interpreter ``python``."""
     frameworks, errors = probe_frameworks(python)
     pyver = _run([python, "-c", "import sys; print('%d.%d.%d' % sys.version_info[:3])"]).strip()
+    cxx = shutil.which(os.environ.get("CXX", "c++")) or shutil.which("g++") or shutil.which("clang++")
     return Facts(
         python=pyver or "unknown", python_exe=python, frameworks=frameworks,
         framework_errors=errors, mpi=mpi_flavour(),
         mpi_compiler=bool(shutil.which("mpicxx") or shutil.which("mpicc")),
-        cxx=shutil.which(os.environ.get("CXX", "c++")) or shutil.which("g++") or shutil.which("clang++"),
-        cmake=cmake_version(), toolkits=find_toolkits())
+        cxx=cxx, cxx_version=cxx_version(cxx), cmake=cmake_version(), toolkits=find_toolkits())

@@ -58,9 +58,24 @@ def cxx_standard(fw: Framework) -> int:
     return 17
 
 
-def patches(frameworks: Iterable[Framework], gpu: bool = False) -> Tuple[Patch, ...]:
-    """The source changes for these frameworks (each pattern must match the sdist)."""
-    out = [Patch("CMakeLists.txt", r"^set\(CMAKE_CXX_STANDARD 14\)", "set(CMAKE_CXX_STANDARD 17)",
+def _gnu_major(cxx_version: Optional[str]) -> int:
+    m = re.match(r"GNU (\d+)\.", cxx_version or "")
+    return int(m.group(1)) if m else 0
+
+
+def patches(frameworks: Iterable[Framework], gpu: bool = False,
+            cxx_version: Optional[str] = None) -> Tuple[Patch, ...]:
+    """The source changes for these frameworks and compiler (each pattern must match the sdist)."""
+    out = []
+    if _gnu_major(cxx_version) >= 13:
+        # GCC 13's standard headers include fewer others; Horovod 0.28.1 relied on that (seen
+        # with GCC 13.3: std::string in group_table.h, std::logic_error in common.h)
+        out += [Patch("horovod/common/group_table.h", r"^(#include <unordered_map>\n)",
+                      r"#include <string>\n\1", f"{cxx_version} needs <string> included where it is used"),
+                Patch("horovod/common/common.h", r"^(#include <string>\n)",
+                      r"#include <cstdint>\n#include <stdexcept>\n\1",
+                      f"{cxx_version} needs <stdexcept> and <cstdint> included where they are used")]
+    out += [Patch("CMakeLists.txt", r"^set\(CMAKE_CXX_STANDARD 14\)", "set(CMAKE_CXX_STANDARD 17)",
                  "Horovod's common sources with C++17, the standard its TF extension already uses")]
     for fw in frameworks:
         if fw.name == "torch":
@@ -101,13 +116,15 @@ class BuildPlan:
     mpi: Optional[str]                      # built with this MPI, or None (Gloo only)
     toolkit: Optional[Toolkit]              # NCCL GPU operations with this CUDA, or None
     reasons: Tuple[str, ...] = field(default=(), compare=False)
+    cxx_version: Optional[str] = None       # "GNU 13.3.0": some compilers need patches
+    cmake: Optional[str] = None             # "4.4.3": CMake 4 refuses Gloo's old minimum version
 
     @property
     def gpu(self) -> bool:
         return self.toolkit is not None
 
     def patches(self) -> Tuple[Patch, ...]:
-        return patches(self.frameworks, self.gpu)
+        return patches(self.frameworks, self.gpu, self.cxx_version)
 
     def recipe_hash(self) -> str:
         """Identifies exactly what is done to the sources: the patches applied, and the recipe's
@@ -138,6 +155,9 @@ class BuildPlan:
             env[f"HOROVOD_WITH_{cm}" if fw in names else f"HOROVOD_WITHOUT_{cm}"] = "1"
         if self.gpu:
             env["HOROVOD_GPU_OPERATIONS"] = "NCCL"
+        if int((self.cmake or "0").split(".")[0] or 0) >= 4:
+            # Gloo's CMakeLists asks for CMake < 3.5 compatibility, which CMake 4 removed
+            env["CMAKE_POLICY_VERSION_MINIMUM"] = "3.5"
         return env
 
     def covered_by(self, built: dict) -> bool:
@@ -259,4 +279,5 @@ def decide(facts: Facts, frameworks: Optional[Iterable[str]] = None, gpu: Option
         reasons.append("GPU operations: none (--cpu), although the framework is a CUDA build")
     else:
         reasons.append("GPU operations: none (CPU builds of the frameworks)")
-    return BuildPlan(horovod, facts.python, fws, mpi, toolkit, tuple(reasons))
+    return BuildPlan(horovod, facts.python, fws, mpi, toolkit, tuple(reasons),
+                     cxx_version=facts.cxx_version, cmake=facts.cmake)

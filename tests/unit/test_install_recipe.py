@@ -16,6 +16,8 @@ SDIST_LINES = {  # the lines of Horovod 0.28.1's sources that the patches rewrit
                                          'tensorflow/xla_mpi_ops.cc")\nlist(APPEND TF_SOURCES "x.cc")\n',
     "cmake/Modules/FindPytorch.cmake": 'string(REGEX REPLACE "No" "" Pytorch_CUDA "${Pytorch_CUDA}")\n'
                                        'string(TOUPPER "${Pytorch_CUDA}" Pytorch_CUDA)\n',
+    "horovod/common/group_table.h": "#include <queue>\n#include <unordered_map>\n#include <vector>\n",
+    "horovod/common/common.h": "#include <memory>\n#include <string>\n#include <unordered_map>\n",
 }
 
 
@@ -121,3 +123,23 @@ def test_cache_key_names_versions_and_a_superset_wheel_serves(tmp_path):
                   facts(mpi="MPICH 4.1")):
         assert build.cached_wheel(str(tmp_path / "cache"), decide(other)) is None
 
+
+
+def test_newer_compilers_and_cmake_get_what_they_need_and_older_ones_nothing_more():
+    """GCC 13 (seen on a GPU machine: 13.3) needs two missing standard includes; CMake 4 refuses
+    Gloo's old minimum version unless CMAKE_POLICY_VERSION_MINIMUM is set. GCC 12 / CMake 3 get
+    neither, so their cached wheels keep their keys."""
+    old = decide(facts(cxx_version="GNU 12.2.0"))
+    assert old.key() == decide(facts()).key()
+    assert "CMAKE_POLICY_VERSION_MINIMUM" not in old.env()
+    new = decide(facts(cxx_version="GNU 13.3.0", cmake="4.4.3"))
+    assert new.key() != old.key() and new.env()["CMAKE_POLICY_VERSION_MINIMUM"] == "3.5"
+    added = {p.path: p for p in new.patches()} .keys() - {p.path for p in old.patches()}
+    assert added == {"horovod/common/group_table.h", "horovod/common/common.h"}
+    for p in new.patches():
+        if p.path in added:
+            text = apply_patch(SDIST_LINES[p.path], p)
+            assert text.index("#include <string>") < text.index("#include <unordered_map>")
+    assert "#include <stdexcept>" in apply_patch(SDIST_LINES["horovod/common/common.h"],
+                                                 [p for p in new.patches() if p.path.endswith("common.h")][0])
+    assert len(decide(facts(cxx_version="Clang 17.0.6")).patches()) == len(old.patches())
