@@ -12,6 +12,9 @@ import time
 
 from tqdm import tqdm
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import links  # noqa: E402  (the three-link stage)
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 RES = os.path.join(HERE, "results")
@@ -49,8 +52,7 @@ STAGES = [
                                               "--json-out", os.path.join(RES, "step_np1.json")])),
     ("step time np=2 (+DDP)", lambda: horovodrun(2, [os.path.join(HERE, "step_bench.py"), "--ddp",
                                                      "--json-out", os.path.join(RES, "step_np2.json")])),
-    ("slow link (1 Gbit/s)", lambda: python([os.path.join(HERE, "slowlink.py"),
-                                             "--json-out", os.path.join(RES, "slowlink.json")])),
+] + links.stages(python, RES) + [
     ("peak memory of a step (50M params)", lambda: python([os.path.join(HERE, "memory_bench.py"),
                                                             "--json-out", os.path.join(RES, "memory.json")])),
     ("convergence (CNN + GPT, 3 seeds)", lambda: python([os.path.join(HERE, "convergence.py"),
@@ -88,16 +90,8 @@ def report(elapsed):
                      "≤ 0.27", measured <= 0.27))
     for k in ("fp16", "bf16"):
         rows.append((f"wire bytes {k} ÷ fp32, P=2", f"{cb['wire'][f'{k}@2'][0]:.4f}", "—", None))
-    sl = load("slowlink.json")
-    if "skipped" not in sl:
-        r = sl["ratio_over_none"]
-        for k in [c for c in r if c != "none"]:
-            int8 = k.startswith("int8")
-            rows.append((f"slow link ({sl['rate']}, measured {sl['measured_gbit_s'] or float('nan'):.2f} "
-                         f"Gbit/s, {sl['grad_mb']:.0f} MB grads): {k} ÷ none step time", fmt(r[k]),
-                         "≤ 0.5" if int8 else "—", r[k][0] <= 0.5 if int8 else None))
-    else:
-        rows.append(("slow link", "skipped: " + sl["skipped"], "≤ 0.5", None))
+    rows += links.rows(load)
+    sl = load(os.path.basename(links.path(RES, "1gbit")))
     for k, m in load("memory.json").items():
         sm = m["summary"]
         rows.append((f"peak extra memory of a step, {k}, {m['grad_mb']:.0f} MB gradient (MB; ÷ gradient)",

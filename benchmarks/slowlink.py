@@ -1,10 +1,11 @@
 """Slow link: step time by codec with both workers in a network namespace whose loopback is
 limited by a token bucket (default 1 Gbit/s), Horovod over Gloo/TCP on that loopback.
 
-    python benchmarks/slowlink.py --json-out F [--rate 1gbit]
+    python benchmarks/slowlink.py --json-out F [--rate 1gbit | 3gbit | none]
 
-Needs root (namespace + tc). Traffic stays on the namespace's loopback; the namespace is deleted
-afterwards, also on failure, Ctrl-C or SIGTERM.
+``--rate none``: the unthrottled loopback (no namespace, no root needed), same job otherwise.
+A throttled rate needs root (namespace + tc). Traffic stays on the namespace's loopback; the
+namespace is deleted afterwards, also on failure, Ctrl-C or SIGTERM.
 """
 import argparse
 import json
@@ -40,8 +41,8 @@ for _ in range({mib}): s.sendall(buf)
 s.close(); t.join()
 print({mib} * 8 * 1.048576e6 / (time.perf_counter() - t0) / 1e9)
 """
-    r = subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-c", code], capture_output=True,
-                       text=True, timeout=120)
+    prefix = ["ip", "netns", "exec", ns] if ns else []
+    r = subprocess.run(prefix + [sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     return float(r.stdout.strip()) if r.returncode == 0 else None
 
 
@@ -49,10 +50,11 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rate", default="1gbit")
     ap.add_argument("--json-out", required=True)
-    ap.add_argument("--codecs", default="none,fp16,bf16,int8,int8+compiled")
+    ap.add_argument("--codecs", default="none,fp16,bf16,int8,auto")
     ap.add_argument("--width", type=int, default=2560, help="2560: ~26 MB of float32 gradients")
     a = ap.parse_args()
-    if os.geteuid() != 0 or not shutil.which("ip") or not shutil.which("tc"):
+    throttled = a.rate.lower() != "none"
+    if throttled and os.geteuid() != 0 or not shutil.which("ip") or not shutil.which("tc"):
         why = "not root" if os.geteuid() != 0 else "iproute2 (ip, tc) missing: apt-get install iproute2"
         print(f"SKIP slow link: {why}; it needs a network namespace and a tc qdisc")
         with open(a.json_out, "w") as f:
@@ -61,15 +63,17 @@ def main():
     ns = f"hvdpbench{os.getpid()}"
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the finally below
     try:
-        sh("ip", "netns", "add", ns)
-        sh("ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up")
-        sh("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", "lo", "root", "tbf", "rate", a.rate,
-           "burst", "256kb", "latency", "100ms")
-        gbit = measure_rate(ns)
+        if throttled:
+            sh("ip", "netns", "add", ns)
+            sh("ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up")
+            sh("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", "lo", "root", "tbf", "rate", a.rate,
+               "burst", "256kb", "latency", "100ms")
+        gbit = measure_rate(ns if throttled else None)
         out = a.json_out + ".step.json"
         env = dict(os.environ, OMP_NUM_THREADS="1", HOROVOD_GLOO_IFACE="lo", TF_CPP_MIN_LOG_LEVEL="2",
                    PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
-        cmd = ["ip", "netns", "exec", ns, shutil.which("horovodrun", path=env["PATH"]), "-np", "2",
+        cmd = (["ip", "netns", "exec", ns] if throttled else []) + [
+               shutil.which("horovodrun", path=env["PATH"]), "-np", "2",
                "-H", "localhost:2", "--gloo", sys.executable, os.path.join(HERE, "step_bench.py"),
                "--codecs", a.codecs, "--width", str(a.width), "--depth", "1", "--batch", "16",
                "--iters", "5", "--batches", "3", "--warmup", "2", "--json-out", out]
@@ -84,7 +88,8 @@ def main():
             json.dump(res, f, indent=1)
         print(json.dumps(res))
     finally:
-        subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=60)
+        if throttled:
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=60)
 
 
 if __name__ == "__main__":

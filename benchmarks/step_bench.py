@@ -34,7 +34,7 @@ def main():
     ap.add_argument("--batches", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--ddp", action="store_true")
-    ap.add_argument("--codecs", help="instead: hvdp with each of these codecs, e.g. none,fp16,int8")
+    ap.add_argument("--codecs", help="instead: hvdp with each of these codecs, e.g. none,fp16,int8,auto")
     ap.add_argument("--json-out", required=True)
     a = ap.parse_args()
     hvd.init()
@@ -51,16 +51,17 @@ def main():
             opt.step()
         return step
 
-    contenders = {}
+    contenders, opts = {}, {}
     if a.codecs:
         for c in a.codecs.split(","):  # "int8+compiled": the codec fused by torch.compile
             m = copy.deepcopy(base)
             name = c.split("+")[0]
-            contenders[c] = make_step(m, hvd.DistributedOptimizer(
+            opts[c] = hvd.DistributedOptimizer(
                 torch.optim.SGD(m.parameters(), lr=0.01), named_parameters=[
                     (f"{c}.{k}", p) for k, p in m.named_parameters()], compression=name,
-                compile_codecs=c.endswith("+compiled")))
-        return run(a, contenders, base)
+                compile_codecs=c.endswith("+compiled"))
+            contenders[c] = make_step(m, opts[c])
+        return run(a, contenders, base, opts)
     m1 = copy.deepcopy(base)
     contenders["horovod"] = make_step(m1, raw_hvd.DistributedOptimizer(
         torch.optim.SGD(m1.parameters(), lr=0.01), named_parameters=m1.named_parameters()))
@@ -76,7 +77,7 @@ def main():
     return run(a, contenders, base)
 
 
-def run(a, contenders, base):
+def run(a, contenders, base, opts=None):
     for step in contenders.values():
         for _ in range(a.warmup):
             step()
@@ -100,6 +101,10 @@ def run(a, contenders, base):
             out["ratio_over_none"] = {k: ratio_ci(v, worst["none"]) for k, v in worst.items()}
         if "ddp" in worst:
             out["ratio_hvdp_over_ddp"] = ratio_ci(worst["hvdp"], worst["ddp"])
+        # auto: its choice per bucket, the costs behind it, and what its probe cost (it ran in
+        # the warm-up steps, outside the timed ones)
+        out["auto"] = {k: o.compression_stats()["auto"] for k, o in (opts or {}).items()
+                       if "auto" in o.compression_stats()}
         with open(a.json_out, "w") as f:
             json.dump(out, f, indent=1)
         print(json.dumps(out))
