@@ -57,6 +57,9 @@ class ArrayOps(Protocol):
     # numpy array as the framework's array (zero-copy where possible).
     writable_views: bool
     def as_numpy(self, x: Array) -> "np.ndarray | None": ...
+    # Optional (eager frameworks): an uninitialised n-element array, for buffers a kernel fills
+    # whole; callers fall back to ``zeros``.
+    def empty(self, n: int, dtype: str = "float32", like: Array | None = None) -> Array: ...
     def from_numpy(self, a: "np.ndarray", like: Array | None = None) -> Array: ...
 
 
@@ -81,6 +84,9 @@ class NumpyOps:
 
     def zeros(self, n, dtype="float32", like=None):
         return np.zeros(n, dtype=self._DTYPES[dtype])
+
+    def empty(self, n, dtype="float32", like=None):
+        return np.empty(n, dtype=self._DTYPES[dtype])
 
     def size(self, x):
         return int(np.size(x))

@@ -12,6 +12,9 @@ class TorchOps:
     def zeros(self, n, dtype="float32", like=None):
         return torch.zeros(n, dtype=_DT[dtype], device=like.device if like is not None else None)
 
+    def empty(self, n, dtype="float32", like=None):
+        return torch.empty(n, dtype=_DT[dtype], device=like.device if like is not None else None)
+
     def size(self, x):
         return x.numel()
 
