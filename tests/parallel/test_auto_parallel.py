@@ -1,5 +1,6 @@
 """compression="auto" under real ``horovodrun -np 2 -H localhost:2``, over Gloo and over MPI:
 every rank takes the same decision, each bucket equals its fixed codec, a reset probes again,
+auto on one rank and int8 on another fail together,
 and 2 workers match 1 worker on the same global batch within the chosen codec's tolerance."""
 import functools
 import os
@@ -10,7 +11,7 @@ from conftest import CONTROLLERS, WORKERS, checks_passed, horovodrun
 
 pytestmark = pytest.mark.parallel
 
-CHECKS = ["probe", "forced", "one_worker"]
+CHECKS = ["probe", "disagreement", "forced", "one_worker"]
 
 
 @functools.lru_cache(maxsize=None)

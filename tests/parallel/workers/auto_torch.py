@@ -7,6 +7,7 @@ import sys
 import torch
 
 import hvdp.torch as hvd
+from hvdp.agreement import DisagreementError
 from hvdp.auto import CostTable, Line
 
 # max |param difference| after a few SGD steps, 2 workers vs 1 worker on the same global batch,
@@ -69,6 +70,7 @@ def check_probe():
     same_on_every_rank(stats["costs"], "auto's cost table")
     if hvd.rank() == 0:
         print(f"  decision {dec}; probe {1e3 * stats['probe_wall_s']:.1f} ms; costs {stats['costs']}", flush=True)
+    opt.check_agreement()  # after the probe: the digest covers the setting, not the measurements
     index = {p: i for i, p in enumerate(model.parameters())}
     for codec in sorted(set(c.split("(")[0] for c in dec.values())):
         twin = copy.deepcopy(model)
@@ -127,7 +129,18 @@ def check_vs_one_worker():
             print(f"  vs 1 worker ({label}, coarsest codec {coarsest}): max |diff| {err:.3g}", flush=True)
 
 
-CHECKS = {"probe": check_probe, "forced": check_forced_equals_fixed, "one_worker": check_vs_one_worker}
+def check_disagreement():
+    """auto on one rank and int8 on the other: the same clear error on both, no hang."""
+    model, _, _ = model_and_data()
+    try:
+        make_opt(model, "auto" if hvd.rank() == 0 else "int8", "disagree")
+    except DisagreementError as e:
+        assert "auto(candidates=" in str(e) and "int8" in str(e), str(e)
+    else:
+        raise AssertionError("auto on one rank and int8 on the other were not refused")
+
+
+CHECKS = {"probe": check_probe, "disagreement": check_disagreement, "forced": check_forced_equals_fixed, "one_worker": check_vs_one_worker}
 
 if __name__ == "__main__":
     hvd.init()
