@@ -154,10 +154,10 @@ class TwoPhaseReducer:
         return self.ops.cat([tail, self.ops.zeros(hi - max(lo, n), "float32", like=flat)])
 
     def start(self, name: str, flat: Array) -> _Pending:
+        k = self.kernels_for(flat)  # once per device (a first build compiles): not a phase's time
         t0 = time.perf_counter()
         p, n = self.comm.size, self.ops.size(flat)
         c = chunk_length(n, p, self.codec.align)
-        k = self.kernels_for(flat)
         send, own = self._encode_kernel(k, name, flat, n, c) if k is not None else \
             self._encode_ops(name, flat, n, c)
         self._time("encode", t0)
