@@ -1,4 +1,5 @@
-"""``hvd.ProcessMesh`` on the backend's Horovod: the core's mesh (``hvdp.mesh``) with Horovod's process sets."""
+"""``hvd.ProcessMesh`` on the Keras backend's Horovod (horovod.tensorflow or horovod.torch): the
+core's mesh (``hvdp.mesh``) with that Horovod's process sets."""
 from hvdp import mesh as _mesh
 
 from .backend import BACKEND as _B
