@@ -1,75 +1,133 @@
-"""``compression="auto"`` in an optimizer: when to probe, the decision it keeps, what it shows.
+"""``compression="auto"`` in an optimizer: when to probe, the trial of the first steps, the
+decision it keeps, what it shows.
 
-The optimizer makes one :class:`Chooser` from the ``Auto`` settings and calls :meth:`Chooser.ensure`
-before the first collective of a step; it probes (``hvdp.probe``) and decides (``hvdp.auto``)
-only when stale: at the first step, after :meth:`invalidate` (an elastic reset, a new bucket
-layout). All ranks reach ``ensure`` at the same point of the same step, so the probe's
-collectives line up. On one worker, or with a cost table given in the settings, nothing is
-probed.
+The optimizer makes one :class:`Chooser` from the ``Auto`` settings, calls :meth:`Chooser.ensure`
+before the first collective of every step and :meth:`Chooser.step_done` at the end of it:
+
+1. probe (``hvdp.probe``) and decide (``hvdp.auto``): a proposal per bucket. It happens at the
+   first step and again after :meth:`invalidate` (an elastic reset, a new bucket layout).
+2. trial (``Auto.trial_steps`` = K > 0, and a proposal that compresses something): K steps run
+   uncompressed, then K steps with the proposal; each step's time (end to end, as the training
+   loop sees it, overlap included) is taken on every rank, the ranks' slowest per step kept
+   (one allgather), and the proposal stays only if its median step beats none's by more than
+   the margin; otherwise every bucket goes back to none. This is the guard that auto never
+   loses to none by more than noise: the probe's model ignores overlap and load, the trial
+   does not. The trial steps are training steps (nothing is repeated); their cost is at most
+   K steps at the slower choice.
+3. final: the kept choice, until invalidated.
+
+All ranks reach ``ensure`` at the same point of the same step, so the probe's collectives and
+the trial's allgather line up, and all take the same decisions from the same numbers. On one
+worker, or with a cost table given in the settings, nothing is probed and there is no trial.
 """
 from __future__ import annotations
 
+import statistics
+import struct
 import time
-from typing import Callable, Dict, Mapping, Optional
+from typing import Callable, Dict, List, Mapping, Optional
 
 from .auto import Choice, CostTable, decide
-from .probe import measure
+
+TRIAL_NAME = "hvdp.auto.trial"
 
 
 class Chooser:
-    """Settings (an :class:`~hvdp.codecs.auto.Auto`), the current table and choice.
+    """Settings (an :class:`~hvdp.codecs.auto.Auto`), the table, the proposal and the choice.
 
     Example::
 
         chooser = Chooser(Compression.auto)
-        chooser.ensure({"b0": 84480}, reducer, probe=lambda sizes: measure(...))
+        chooser.ensure({"b0": 84480}, reducer, world=2, probe=..., gather=...)   # each step start
+        chooser.step_done()                                                      # each step end
     """
 
-    __slots__ = ("settings", "table", "choices", "stale", "probes", "probe_wall_s")
+    __slots__ = ("settings", "table", "proposal", "choices", "stale", "phase", "_times", "_last",
+                 "trial", "probes", "probe_wall_s")
 
     def __init__(self, settings):
         # settings
         self.settings = settings
         # internal state
         self.table: Optional[CostTable] = None
-        self.choices: Dict[str, Choice] = {}
+        self.proposal: Dict[str, Choice] = {}   # what the probe's model chose
+        self.choices: Dict[str, Choice] = {}    # what runs now
         self.stale = True
+        self.phase: Optional[str] = None        # "none" / "proposal" while on trial
+        self._times: Dict[str, List[float]] = {"none": [], "proposal": []}
+        self._last: Optional[float] = None
         # statistics
+        self.trial: Optional[dict] = None
         self.probes = 0
         self.probe_wall_s = 0.0   # this rank's wall time in probes, all of them
 
+    @property
+    def settled(self) -> bool:
+        return not self.stale and self.phase is None
+
     def invalidate(self) -> None:
-        self.stale = True
+        self.stale, self.phase, self._last = True, None, None
+
+    def step_done(self, now: Optional[float] = None) -> None:
+        """End of a step: its time counts for the trial's current phase."""
+        now = time.perf_counter() if now is None else now
+        if self.phase is not None and self._last is not None:
+            self._times[self.phase].append(now - self._last)
+        self._last = now
 
     def ensure(self, buckets: Mapping[str, int], reducer, world: int,
-               probe: Callable[[Mapping[str, int]], CostTable]) -> None:
-        """Decide (probing first when needed) and hand the choice to ``reducer.assign``."""
-        if not self.stale:
-            return
+               probe: Callable[[Mapping[str, int]], CostTable],
+               gather: Callable[[bytes, str], List[bytes]]) -> None:
+        """At a step's start: probe, move the trial on, or nothing (settled)."""
+        k = self.settings.trial_steps
+        if self.stale:
+            self._propose(buckets, world, probe)
+            trial = (k > 0 and self.settings.costs is None and world > 1
+                     and any(c.codec.name != "none" for c in self.proposal.values()))
+            self.phase, self._times = ("none" if trial else None), {"none": [], "proposal": []}
+            self._use(reducer, {b: ("none" if trial else c) for b, c in self.proposal.items()})
+        elif self.phase == "none" and len(self._times["none"]) >= k:
+            self.phase = "proposal"
+            self._use(reducer, self.proposal)
+        elif self.phase == "proposal" and len(self._times["proposal"]) >= k:
+            self._verdict(reducer, gather)
+
+    def _propose(self, buckets, world, probe):
         if self.settings.costs is not None:
             self.table = self.settings.costs
-        elif world <= 1:
+        elif world <= 1 or not buckets:
             self.table = CostTable(world)
-        elif buckets:
+        else:
             t0 = time.perf_counter()
             self.table = probe(buckets)
             self.probe_wall_s += time.perf_counter() - t0
             self.probes += 1
-        else:
-            self.table = CostTable(world)
-        self.choices = decide(buckets, self.settings.candidates, self.table, self.settings.margin)
+        self.proposal = decide(buckets, self.settings.candidates, self.table, self.settings.margin)
+        self.stale, self.trial = False, None
+
+    def _use(self, reducer, choice) -> None:
+        none = next(c for c in self.settings.candidates if c.name == "none")
+        self.choices = {b: (Choice(b, self.proposal[b].elements, none, self.proposal[b].predicted)
+                            if c == "none" else c) for b, c in choice.items()}
         reducer.assign({b: c.codec for b, c in self.choices.items()})
-        self.stale = False
+
+    def _verdict(self, reducer, gather) -> None:
+        k = self.settings.trial_steps
+        mine = self._times["none"][:k] + self._times["proposal"][:k]
+        rows = [struct.unpack(f"<{2 * k}d", b) for b in gather(struct.pack(f"<{2 * k}d", *mine), TRIAL_NAME)]
+        slowest = [max(r[i] for r in rows) for i in range(2 * k)]  # the slowest rank sets the pace
+        none_s, prop_s = statistics.median(slowest[:k]), statistics.median(slowest[k:])
+        keep = prop_s * (1.0 + self.settings.margin) < none_s
+        self.trial = {"steps": k, "none_ms": 1e3 * none_s, "proposal_ms": 1e3 * prop_s,
+                      "kept": "proposal" if keep else "none"}
+        self.phase = None
+        self._use(reducer, self.proposal if keep else {b: "none" for b in self.proposal})
 
     def summary(self) -> dict:
         """The decision per bucket and the measured figures behind it."""
-        return {"settings": str(self.settings), "decided": not self.stale,
+        return {"settings": str(self.settings), "decided": self.settled, "phase": self.phase,
                 "buckets": [c.as_dict() for c in self.choices.values()],
+                "proposal": {b: str(c.codec) for b, c in self.proposal.items()},
+                "trial": self.trial,
                 "costs": self.table.as_dict() if self.table is not None else None,
                 "probes": self.probes, "probe_wall_s": self.probe_wall_s}
-
-
-def probe_with(comm, ops, like, candidates, make_reducer, gather, sync=lambda: None):
-    """``buckets -> CostTable``: :func:`hvdp.probe.measure` with an adapter's pieces bound."""
-    return lambda buckets: measure(comm, ops, like, list(buckets.values()), candidates, make_reducer,
-                                   gather, sync=sync)

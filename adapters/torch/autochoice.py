@@ -4,10 +4,11 @@ inputs (this optimizer's collectives, torch ops on the gradients' device, Horovo
 for the shared table). The decision itself is the core's (``hvdp.auto``, ``hvdp.chooser``)."""
 import torch
 
-from hvdp.chooser import Chooser, probe_with
+from hvdp.chooser import Chooser
 from hvdp.codecs.auto import Auto
 from hvdp.join import JoinableReducer
 from hvdp.mixed import MixedReducer
+from hvdp.probe import measure
 from hvdp.twophase import TwoPhaseReducer
 
 from .agreement import allgather_fixed
@@ -43,14 +44,25 @@ def make_reducer(opt, codec, compile_codecs: bool):
 
 def ensure_decided(opt) -> None:
     """Before the step's first collective: auto's decision for the current buckets (probing the
-    first time and after an invalidation)."""
+    first time and after an invalidation, then the trial steps; nothing once settled)."""
     chooser = opt._auto
-    if chooser is None or not chooser.stale:
+    if chooser is None or chooser.settled:
         return
     buckets = {f"b{b}": sum(opt._params[i].numel() for i in idx) for b, idx in enumerate(opt._plan.buckets)}
     like = opt._params[0].detach() if opt._params else torch.zeros(0)
     sync = torch.cuda.synchronize if like.is_cuda else (lambda: None)
-    probe = probe_with(opt._comm, _OPS, like, chooser.settings.candidates,
-                       two_phase_factory(opt, opt._compile_codecs),
-                       allgather_fixed(opt._comm.process_set), sync)
-    chooser.ensure(buckets, opt._reducer, opt._comm.size, probe)
+    gather = allgather_fixed(opt._comm.process_set)
+    make = two_phase_factory(opt, opt._compile_codecs)
+
+    def probe(sizes):
+        return measure(opt._comm, _OPS, like, list(sizes.values()), chooser.settings.candidates, make,
+                       gather, sync=sync)
+    chooser.ensure(buckets, opt._reducer, opt._comm.size, probe, gather)
+
+
+def step_done(opt) -> None:
+    """After a step's reduction: its time, for auto's trial (the device's queue drained first)."""
+    if opt._auto is not None and not opt._auto.settled:
+        if opt._params and opt._params[0].is_cuda:
+            torch.cuda.synchronize()
+        opt._auto.step_done()

@@ -19,7 +19,7 @@ from hvdp.stats import WireStats
 
 from . import plain
 from .agreement import REPORTER, check_optimizer
-from .autochoice import ensure_decided, make_reducer
+from .autochoice import ensure_decided, make_reducer, step_done
 from .comm import TorchCollectives, next_instance
 from .compression import Compression, resolve
 from .join import OPTIMIZERS, StepControl
@@ -255,6 +255,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._end_step()
         self._step_count += 1
         self.stats.end_step()
+        step_done(self)
         self._synchronized = True
 
     @contextmanager

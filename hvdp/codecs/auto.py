@@ -23,8 +23,11 @@ class Auto:
         margin: a codec that does more work is chosen only when it is predicted faster than
             the less-work one by more than this fraction (ties go to less work, in the order
             none, then by measured codec cost).
+        trial_steps: after the probe, K steps uncompressed then K steps with the probe's
+            choice, timed; the choice stays only if it is faster (see ``hvdp.chooser``).
+            0: the probe's model alone decides.
         costs: a measured :class:`hvdp.auto.CostTable` to decide from instead of probing
-            (e.g. one printed by ``compression_stats()``); the same on every rank.
+            (e.g. one printed by ``compression_stats()``); the same on every rank. No trial.
 
     Example::
 
@@ -34,6 +37,7 @@ class Auto:
     name: ClassVar[str] = "auto"
     candidates: Tuple[Any, ...] = DEFAULT_CANDIDATES
     margin: float = 0.05
+    trial_steps: int = 3
     costs: Any = None
 
     def __post_init__(self):
@@ -56,6 +60,8 @@ class Auto:
         object.__setattr__(self, "candidates", tuple(unique))
         if not 0.0 <= float(self.margin) < 1.0:
             raise ValueError(f"auto margin must be in [0, 1), got {self.margin!r}")
+        if not isinstance(self.trial_steps, int) or self.trial_steps < 0:
+            raise ValueError(f"auto trial_steps must be an int >= 0, got {self.trial_steps!r}")
 
     def configure(self, **settings) -> "Auto":
         """A copy with other settings, e.g. ``configure(candidates=("none", "int8"))``."""
@@ -66,4 +72,4 @@ class Auto:
         # measurements of one rank
         cands = ",".join(str(c) for c in self.candidates)
         fixed = "" if self.costs is None else f", costs={self.costs.digest()}"
-        return f"auto(candidates=[{cands}], margin={self.margin}{fixed})"
+        return f"auto(candidates=[{cands}], margin={self.margin}, trial_steps={self.trial_steps}{fixed})"

@@ -1,5 +1,6 @@
 """compression="auto" under real ``horovodrun -np 2 -H localhost:2``, over Gloo and over MPI:
 every rank takes the same decision, each bucket equals its fixed codec, a reset probes again,
+the trial of the first steps ends the same on every rank,
 auto on one rank and int8 on another fail together,
 and 2 workers match 1 worker on the same global batch within the chosen codec's tolerance."""
 import functools
@@ -11,7 +12,7 @@ from conftest import CONTROLLERS, WORKERS, checks_passed, horovodrun
 
 pytestmark = pytest.mark.parallel
 
-CHECKS = ["probe", "disagreement", "forced", "one_worker"]
+CHECKS = ["probe", "trial", "disagreement", "forced", "one_worker"]
 
 
 @functools.lru_cache(maxsize=None)

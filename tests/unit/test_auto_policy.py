@@ -7,6 +7,7 @@ import pytest
 
 from hvdp import codecs
 from hvdp.auto import CostTable, Line, decide, predict
+from hvdp.chooser import Chooser
 from hvdp.codecs import Compression
 from hvdp.codecs.auto import Auto
 from hvdp.codecs.resolve import resolve
@@ -114,6 +115,8 @@ def test_invalid_candidates_name_the_valid_ones():
         Auto(candidates=("auto",))
     with pytest.raises(ValueError, match="margin"):
         Auto(margin=1.5)
+    with pytest.raises(ValueError, match="trial_steps"):
+        Auto(trial_steps=-1)
     with pytest.raises(ValueError, match=r"no codec 'topk\(ratio=0.01\)'.*probe with the same candidates"):
         decide({"b0": 10_000}, (NONE, TOPK), CostTable(2, table().links, {}))
 
@@ -125,7 +128,7 @@ def test_resolve_and_the_agreement_string():
     with pytest.raises(ValueError, match="not supported by this adapter"):
         resolve("auto", Compression)
     # the digest covers the settings, not one rank's measurements
-    assert str(Auto()) == "auto(candidates=[none,fp16,bf16,int8(block_size=256)], margin=0.05)"
+    assert str(Auto()) == "auto(candidates=[none,fp16,bf16,int8(block_size=256)], margin=0.05, trial_steps=3)"
     fixed = Auto(costs=table())
     assert str(fixed) == str(Auto(costs=CostTable.from_dict(table().as_dict())))
     assert str(fixed) != str(Auto())
@@ -209,3 +212,91 @@ def test_mixed_reducer_without_a_decision_says_so():
     r = MixedReducer(OPS, FakeGroup(2).comms[0], lambda c, cm: TwoPhaseReducer(c, OPS, cm, True))
     with pytest.raises(RuntimeError, match="no codec: the auto decision was not made"):
         r.start("b0", np.zeros(4, np.float32))
+
+
+class _Recorder:
+    """Stands in for the reducer: remembers what it was told to run."""
+
+    def __init__(self):
+        self.runs = []
+
+    def assign(self, choice):
+        self.runs.append({b: c.name for b, c in choice.items()})
+
+
+def _drive(settings, step_s, other_rank_s=None, world=2, steps=9, buckets=None):
+    """Run a chooser for ``steps`` steps whose time is ``step_s(codec names)``."""
+    ch, red = Chooser(settings), _Recorder()
+    probes = []
+
+    def probe(sizes):
+        probes.append(dict(sizes))
+        return table(p=world, gbit=1.0)
+
+    def gather(data, name):  # the other rank: its times scaled by other_rank_s
+        k = len(data) // 8
+        mine = struct.unpack(f"<{k}d", data)
+        return [data, struct.pack(f"<{k}d", *[t * (other_rank_s or 1.0) for t in mine])]
+
+    now = 0.0
+    for _ in range(steps):
+        ch.ensure(buckets or {"b0": 4_000_000, "b1": 300}, red, world, probe, gather)
+        now += step_s(red.runs[-1])
+        ch.step_done(now)
+    return ch, red, probes
+
+
+def test_trial_keeps_a_proposal_that_is_faster():
+    ch, red, probes = _drive(Auto(trial_steps=3), lambda run: 0.1 if run["b0"] == "int8" else 0.2)
+    assert len(probes) == 1
+    # none from the probe's step on (K=3 timed steps after it), then K steps with the proposal,
+    # then kept: three assignments
+    assert [r["b0"] for r in red.runs] == ["none", "int8", "int8"]
+    assert ch.settled and ch.trial["kept"] == "proposal"
+    assert ch.trial["none_ms"] == pytest.approx(200) and ch.trial["proposal_ms"] == pytest.approx(100)
+    assert [c.codec.name for c in ch.choices.values()] == ["int8", "none"]
+
+
+def test_trial_returns_to_none_when_the_proposal_is_slower_or_within_the_margin():
+    ch, red, _ = _drive(Auto(trial_steps=3), lambda run: 0.3 if run["b0"] == "int8" else 0.2)
+    assert ch.trial["kept"] == "none" and red.runs[-1] == {"b0": "none", "b1": "none"}
+    ch, red, _ = _drive(Auto(trial_steps=3, margin=0.05), lambda run: 0.196 if run["b0"] == "int8" else 0.2)
+    assert ch.trial["kept"] == "none"  # 2% faster: not worth compressing
+
+
+def test_trial_takes_the_slowest_rank():
+    # this rank is faster with int8, but the other rank's steps take 3x as long under int8 only
+    ch = Chooser(Auto(trial_steps=2))
+    red = _Recorder()
+
+    def gather(data, name):
+        k = len(data) // 8
+        mine = struct.unpack(f"<{k}d", data)
+        other = [t if i < k // 2 else 3 * t for i, t in enumerate(mine)]
+        return [data, struct.pack(f"<{k}d", *other)]
+
+    now = 0.0
+    for _ in range(8):
+        ch.ensure({"b0": 4_000_000}, red, 2, lambda s: table(gbit=1.0), gather)
+        now += 0.1 if red.runs[-1]["b0"] == "int8" else 0.2
+        ch.step_done(now)
+    assert ch.trial["kept"] == "none" and ch.trial["proposal_ms"] == pytest.approx(300)
+
+
+def test_no_trial_without_compression_or_when_told():
+    ch, red, probes = _drive(Auto(), lambda run: 0.1, buckets={"b0": 300})  # proposal: none
+    assert ch.settled and ch.trial is None and all(r == {"b0": "none"} for r in red.runs) and len(probes) == 1
+    ch, red, _ = _drive(Auto(trial_steps=0), lambda run: 0.1)
+    assert red.runs == [{"b0": "int8", "b1": "none"}] and ch.settled
+    ch, red, probes = _drive(Auto(costs=table(gbit=1.0)), lambda run: 0.1)  # a given table: no probe
+    assert probes == [] and red.runs == [{"b0": "int8", "b1": "none"}]
+    ch, red, probes = _drive(Auto(), lambda run: 0.1, world=1)  # one worker: none, no probe
+    assert probes == [] and red.runs == [{"b0": "none", "b1": "none"}]
+
+
+def test_invalidate_probes_and_tries_again():
+    ch, red, probes = _drive(Auto(trial_steps=1), lambda run: 0.1 if run["b0"] == "int8" else 0.2, steps=4)
+    assert ch.settled and len(probes) == 1
+    ch.invalidate()
+    ch.ensure({"b0": 4_000_000}, red, 2, lambda s: probes.append(s) or table(gbit=1.0), lambda d, n: [d])
+    assert len(probes) == 2 and ch.phase == "none" and red.runs[-1]["b0"] == "none"

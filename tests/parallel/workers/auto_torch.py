@@ -57,11 +57,11 @@ def same_on_every_rank(obj, what):
 
 
 def check_probe():
-    """A real probe: every rank takes the same decision; each bucket's reduced gradient equals
-    the one the fixed codec it got gives; a reset probes again."""
+    """A real probe (no trial): every rank takes the same decision; each bucket's reduced
+    gradient equals the one the fixed codec it got gives; a reset probes again."""
     model, x, y = model_and_data()
     sl = my_slice(len(x))
-    opt = make_opt(model, "auto", "auto")
+    opt = make_opt(model, hvd.Compression.auto.configure(trial_steps=0), "auto")
     grads = step(model, opt, x[sl], y[sl], sync_only=True)
     stats = opt.compression_stats()["auto"]
     assert stats["probes"] == 1 and stats["decided"] and len(stats["buckets"]) >= 2, stats
@@ -85,6 +85,27 @@ def check_probe():
     step(model, opt, x[sl], y[sl])
     assert opt.compression_stats()["auto"]["probes"] == 2
     same_on_every_rank(decision(opt), "auto's decision after a reset")
+
+
+def check_trial():
+    """The default: probe, then K steps none and K steps with the proposal, timed; every rank
+    ends with the same decision, the proposal or none everywhere."""
+    model, x, y = model_and_data(seed=2)
+    sl = my_slice(len(x))
+    opt = make_opt(model, "auto", "trial")
+    k = hvd.Compression.auto.trial_steps
+    for _ in range(2 * k + 2):
+        step(model, opt, x[sl], y[sl])
+    stats = opt.compression_stats()["auto"]
+    assert stats["decided"], stats
+    same_on_every_rank({"decision": decision(opt), "trial": stats["trial"], "proposal": stats["proposal"]},
+                       "auto's trial")
+    final = set(decision(opt).items())
+    if any(not c.startswith("none") for c in stats["proposal"].values()):
+        assert stats["trial"] is not None, stats
+        assert final == set(stats["proposal"].items()) or {c for _, c in final} == {"none"}, stats
+    if hvd.rank() == 0:
+        print(f"  proposal {stats['proposal']}, trial {stats['trial']}, kept {decision(opt)}", flush=True)
 
 
 def forced(candidates, per_byte):
@@ -122,7 +143,8 @@ def check_vs_one_worker():
             ref.zero_grad()
             torch.nn.functional.cross_entropy(one(x), y).backward()
             ref.step()
-        coarsest = max((c.split("(")[0] for c in decision(opt).values()), key=lambda c: TOL[c])
+        used = list(decision(opt).values()) + list(opt.compression_stats()["auto"]["proposal"].values())
+        coarsest = max((c.split("(")[0] for c in used), key=lambda c: TOL[c])
         err = max((p - q).abs().max().item() for p, q in zip(model.parameters(), one.parameters()))
         assert err <= TOL[coarsest], f"{label}: max |diff| {err:.3g} > {TOL[coarsest]} ({coarsest})"
         if hvd.rank() == 0:
@@ -140,7 +162,7 @@ def check_disagreement():
         raise AssertionError("auto on one rank and int8 on the other were not refused")
 
 
-CHECKS = {"probe": check_probe, "disagreement": check_disagreement, "forced": check_forced_equals_fixed, "one_worker": check_vs_one_worker}
+CHECKS = {"probe": check_probe, "trial": check_trial, "disagreement": check_disagreement, "forced": check_forced_equals_fixed, "one_worker": check_vs_one_worker}
 
 if __name__ == "__main__":
     hvd.init()
