@@ -30,7 +30,11 @@ def _auto_rows(where, res):
                        for b in auto["buckets"])
     step = res["step_s"]["auto"][0]
     share = auto["probe_wall_s"] / (1000 * step)
+    t = auto.get("trial")
+    trial = (f"none {t['none_ms']:.0f} ms/step, proposal {t['proposal_ms']:.0f} ms/step: kept {t['kept']}"
+             if t else "no trial (the probe's proposal was none)")
     return [(f"{where}: auto's choice per bucket", chosen, "—", None),
+            (f"{where}: auto's trial ({t['steps'] if t else 0} steps each)", trial, "—", None),
             (f"{where}: auto's probe (ms; ÷ a 1,000-step run at auto's step time)",
              f"{1e3 * auto['probe_wall_s']:.0f} ms ({100 * share:.2f}%)", "< 2%", share < 0.02)]
 

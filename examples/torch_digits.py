@@ -52,6 +52,10 @@ def describe_auto(auto, elapsed):
     for b in auto["buckets"]:
         pred = ", ".join(f"{k.split('(')[0]} {v:.2f}" for k, v in b["predicted_ms"].items())
         lines.append(f"  {b['bucket']} ({b['elements']} elements): {b['codec']}  [predicted ms: {pred or '-'}]")
+    if auto["trial"]:
+        t = auto["trial"]
+        lines.append(f"  trial ({t['steps']} steps each): none {t['none_ms']:.2f} ms/step, proposal "
+                     f"{auto['proposal']} {t['proposal_ms']:.2f} ms/step: kept {t['kept']}")
     costs = auto["costs"] or {}
     for k, v in costs.get("links_per_byte", {}).items():
         lines.append(f"  link {k}: {v['fixed_ms']:.3f} ms + {v['ns_per_unit']:.3f} ns/byte")
