@@ -1,7 +1,8 @@
 """The main job for Keras 3: digits, data-parallel with hvdp.keras (same data and output as
-examples/torch_digits.py).
+examples/torch_digits.py), on Keras' TensorFlow or torch backend.
 
     horovodrun -np 2 -H localhost:2 python examples/keras_digits.py --compression int8
+    KERAS_BACKEND=torch horovodrun -np 2 -H localhost:2 python examples/keras_digits.py
 """
 import argparse
 import json
@@ -12,7 +13,6 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
 from sklearn.datasets import load_digits  # noqa: E402
 from sklearn.model_selection import train_test_split  # noqa: E402
 
@@ -30,8 +30,13 @@ def main(argv=None):
     args = p.parse_args(argv)
 
     hvd.init()
-    tf.config.threading.set_intra_op_parallelism_threads(1)
-    tf.config.threading.set_inter_op_parallelism_threads(1)
+    if keras.backend.backend() == "tensorflow":
+        import tensorflow as tf
+        tf.config.threading.set_intra_op_parallelism_threads(1)
+        tf.config.threading.set_inter_op_parallelism_threads(1)
+    else:
+        import torch
+        torch.set_num_threads(1)
     keras.utils.set_random_seed(args.seed)
     x, y = load_digits(return_X_y=True)
     xtr, xte, ytr, yte = train_test_split((x / 16.0).astype("float32"), y, test_size=0.25,
@@ -53,14 +58,18 @@ def main(argv=None):
               callbacks=callbacks, verbose=1 if hvd.rank() == 0 else 0)
     elapsed = time.perf_counter() - t0
     _, acc = model.evaluate(xte, yte, verbose=0)
-    rate = hvd.allreduce(np.float64(len(mine) * args.epochs / elapsed), op=hvd.Sum, name="rate").numpy()
+    rate = float(keras.ops.convert_to_numpy(hvd.allreduce(
+        keras.ops.convert_to_tensor(np.array([len(mine) * args.epochs / elapsed], "float32")),
+        op=hvd.Sum, name="rate"))[0])
     stats = opt.compression_stats()
     if hvd.rank() == 0:
-        print(f"test accuracy {acc:.4f}  |  {rate:.0f} samples/s over {hvd.size()} worker(s)  |  "
+        print(f"test accuracy {acc:.4f}  |  {rate:.0f} samples/s over {hvd.size()} worker(s) "
+              f"({keras.backend.backend()})  |  "
               f"compression {stats['codec']}: wire bytes {stats['all']['ratio']:.3f} of float32", flush=True)
         if args.json_out:
             with open(args.json_out, "w") as f:
                 json.dump({"test_accuracy": float(acc), "samples_per_s": float(rate), "size": hvd.size(),
+                       "backend": keras.backend.backend(),
                            "codec": stats["codec"], "wire_ratio": stats["all"]["ratio"]}, f)
 
 

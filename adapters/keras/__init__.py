@@ -35,8 +35,10 @@ _HOROVOD = ["Adasum", "Average", "Sum", "Min", "Max", "Product", "ProcessSet", "
             "grouped_reducescatter", "init", "is_homogeneous", "is_initialized", "join", "local_rank",
             "local_size", "mpi_built", "mpi_enabled", "mpi_threads_supported", "nccl_built", "rank",
             "reducescatter", "remove_process_set", "rocm_built", "shutdown", "size", "start_timeline",
-            "stop_timeline"]
+            "stop_timeline", "broadcast_"]
 globals().update({_n: getattr(_B.hvd, _n, None) or getattr(_B.hvd.mpi_ops._basics, _n) for _n in _HOROVOD})
+if hasattr(_B.hvd, "broadcast_object_fn"):  # horovod.tensorflow only
+    broadcast_object_fn = _B.hvd.broadcast_object_fn
 
 from hvdp import __version__  # noqa: E402,F401
 from hvdp.codecs import Compression  # noqa: E402,F401
@@ -45,7 +47,7 @@ from hvdp.plan import CompressionPolicy  # noqa: E402,F401
 
 from . import callbacks, elastic  # noqa: E402,F401
 from .checkpoint import load_checkpoint, save_checkpoint  # noqa: E402,F401
-from .functions import broadcast_variables  # noqa: E402,F401
+from .functions import broadcast_global_variables, broadcast_variables  # noqa: E402,F401
 from .join import join  # noqa: E402,F401  (Horovod's join, safe with every codec: hvdp.join)
 from .mesh import ProcessMesh  # noqa: E402,F401  (DP x TP x PP groups as process sets: hvdp.mesh)
 from .optimizer import DistributedOptimizer  # noqa: E402,F401

@@ -173,3 +173,17 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
             return super()._save_model(epoch, batch, logs)
         finally:
             del model.save, model.save_weights  # back to the class's methods
+
+
+class BestModelCheckpoint(ModelCheckpoint):
+    """Horovod's ``BestModelCheckpoint``: :class:`ModelCheckpoint` with ``save_best_only=True``
+    (rank 0 judges "best" by its own logs: put ``MetricAverageCallback`` first so all agree).
+
+    Example::
+
+        hvd.callbacks.BestModelCheckpoint("best.keras", monitor="val_loss")
+    """
+
+    def __init__(self, filepath, monitor="val_loss", verbose=0, mode="auto", save_freq="epoch"):
+        super().__init__(filepath, monitor=monitor, verbose=verbose, save_best_only=True,
+                         save_weights_only=False, mode=mode, save_freq=save_freq)

@@ -16,3 +16,10 @@ def broadcast_variables(variables, root_rank, process_set=B.hvd.global_process_s
     names = [getattr(v, "path", None) or v.name for v in variables]
     check_broadcast(variables, names, root_rank, process_set)
     B.broadcast_variables(variables, names, root_rank, process_set)
+
+
+def broadcast_global_variables(root_rank):
+    """Horovod's name for broadcasting TF1 graph collections; Keras 3 has none: see the error."""
+    raise RuntimeError("hvd.broadcast_global_variables: Keras 3 keeps no global variable collection; "
+                       "use hvd.callbacks.BroadcastGlobalVariablesCallback(root_rank) in fit, or "
+                       "hvd.broadcast_variables(model.variables + optimizer.variables, root_rank)")

@@ -1,4 +1,6 @@
-"""The Keras adapter without processes: TF ops vs the numpy reference; unsupported set-ups."""
+"""The Keras adapter without processes: TF ops vs the numpy reference; unsupported set-ups;
+Horovod's names reachable on both backends."""
+import json
 import os
 import subprocess
 import sys
@@ -29,9 +31,45 @@ def test_tf_ops_match_numpy_reference(name):
     np.testing.assert_array_equal(dec[~np.isnan(dec)], dref[~np.isnan(dref)])
 
 
-def test_non_tensorflow_backend_is_a_clear_error():
-    env = dict(os.environ, KERAS_BACKEND="torch", TF_CPP_MIN_LOG_LEVEL="3")
-    r = subprocess.run([sys.executable, "-c", "import hvdp.keras"], capture_output=True, text=True,
-                       env=env, timeout=120)
+def _run(code_or_file, backend, timeout=240):
+    env = dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="3", OMP_NUM_THREADS="1")
+    args = [code_or_file] if code_or_file.endswith(".py") else ["-c", code_or_file]
+    return subprocess.run([sys.executable] + args, capture_output=True, text=True, env=env, timeout=timeout)
+
+
+def test_jax_backend_is_a_clear_error_naming_the_supported_ones():
+    r = _run("import hvdp.keras", "jax")
     assert r.returncode != 0
-    assert "KERAS_BACKEND=tensorflow" in r.stderr, r.stderr[-2000:]
+    assert "ImportError" in r.stderr and "KERAS_BACKEND=tensorflow or KERAS_BACKEND=torch" in r.stderr, \
+        r.stderr[-2000:]
+
+
+# names Horovod's modules have that hvdp.keras cannot offer on a backend, and why
+NOT_ON = {"torch": {"collective": ["broadcast_object_fn"]}}  # horovod.torch has no such function
+
+
+@pytest.mark.parametrize("backend", ["tensorflow", "torch"])
+def test_every_horovod_keras_and_collective_name_is_reachable(backend):
+    """hvdp.keras vs horovod.tensorflow.keras (module and callbacks) and horovod.tensorflow's
+    collective API (ops, op constants, process sets, SyncBatchNormalization, ...)."""
+    r = _run(os.path.join(os.path.dirname(__file__), "keras_names_probe.py"), backend)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got["backend"] == backend
+    assert got["counts"][0] > 30 and got["counts"][1] >= 5 and got["counts"][2] > 20, got["counts"]
+    for kind in ("keras", "callbacks", "collective"):
+        assert got[kind] == NOT_ON.get(backend, {}).get(kind, []), (kind, got[kind])
+
+
+def test_torch_backend_runs_the_same_codecs_as_the_numpy_reference():
+    """hvdp.keras on the torch backend encodes with hvdp.torch's ops: same bytes as numpy."""
+    code = ("import numpy as np, hvdp.keras as hvd; from hvdp import codecs; from hvdp.ops import NumpyOps\n"
+            "from hvdp.keras.backend import BACKEND as B; import torch\n"
+            "assert B.name == 'torch' and isinstance(B.ops, hvd.TorchOps)\n"
+            "x = np.random.default_rng(5).standard_normal(4096).astype(np.float32)\n"
+            "for n in ['fp16', 'bf16', 'int8', 'topk']:\n"
+            "    c = codecs.get(n)\n"
+            "    assert np.array_equal(c.encode(B.ops, torch.from_numpy(x.copy())).numpy(), c.encode(NumpyOps(), x)), n\n"
+            "print('SAME')")
+    r = _run(code, "torch")
+    assert r.stdout.strip().endswith("SAME"), r.stderr[-3000:]
