@@ -84,6 +84,13 @@ def report(elapsed):
         rows.append((f"codec {k}: compress+decompress GB/s ÷ memcpy", f"{ratio:.3f}",
                      "≥ 0.5" if k.startswith("int8") and "EF" not in k else "—",
                      ratio >= 0.5 if k.startswith("int8") and "EF" not in k else None))
+    targets = {"int8 encode+decode": 0.6, "int8+EF encode (residual)+decode": 0.35, "bf16 encode+decode": 0.6}
+    for k, row in cb.get("kernels", {}).items():  # issue 11: fused CPU kernels vs array ops
+        for col in ("kernel (torch)", "kernel (numpy)", "array ops (torch)"):
+            if col in row:
+                t = targets.get(k) if col == "kernel (torch)" else None
+                rows.append((f"codec {k}, {col}: GB/s ÷ memcpy", f"{row[col][2]:.3f}",
+                             f"≥ {t}" if t else "—", row[col][2] >= t if t else None))
     for p in (2, 4, 8):
         measured, formula = cb["wire"][f"int8@{p}"]
         rows.append((f"wire bytes int8 ÷ fp32, P={p} (formula {formula:.4f})", f"{measured:.4f}",
