@@ -193,16 +193,14 @@ static inline float from_bf16(uint16_t h) { return bitsf((uint32_t)h << 16); }
 /* float32 -> IEEE half, round to nearest even; a NaN keeps its sign and top payload bits (numpy) */
 static inline uint16_t to_fp16(float y)
 {
-    uint32_t u = fbits(y), sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu, o;
-    if (a >= 0x47800000u) {                      /* >= 65536, inf or NaN */
-        uint32_t nan = 0x7c00u + ((a & 0x007fffffu) >> 13);
-        nan += nan == 0x7c00u;
-        o = a > 0x7f800000u ? nan : 0x7c00u;
-    } else if (a < 0x38800000u) {                /* a half subnormal (or zero): let the FPU round */
-        o = fbits(bitsf(a) + 0.5f) - 0x3f000000u;
-    } else {                                     /* normal; a carry may round up to inf */
-        o = (a + 0xc8000fffu + ((a >> 13) & 1u)) >> 13;
-    }
+    /* the three cases computed for every value and selected: branch-free, so it vectorises */
+    uint32_t u = fbits(y), sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
+    uint32_t nan = 0x7c00u + ((a & 0x007fffffu) >> 13);
+    nan += nan == 0x7c00u;
+    uint32_t big = a > 0x7f800000u ? nan : 0x7c00u;                    /* >= 65536, inf, NaN */
+    uint32_t sub = fbits(bitsf(a) + 0.5f) - 0x3f000000u;                 /* half subnormal: the FPU rounds */
+    uint32_t norm = (a + 0xc8000fffu + ((a >> 13) & 1u)) >> 13;          /* a carry may round up to inf */
+    uint32_t o = a >= 0x47800000u ? big : (a < 0x38800000u ? sub : norm);
     return (uint16_t)(o | sign);
 }
 
