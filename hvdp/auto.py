@@ -164,3 +164,20 @@ def decide(buckets: Mapping[str, int], candidates: Sequence, table: CostTable,
         pick = next(c for c in order if pred[str(c)] <= best * (1.0 + margin))
         out[name] = Choice(name, int(n), pick, pred)
     return out
+
+
+def decide_uniform(buckets: Mapping[str, int], candidates: Sequence, table: CostTable,
+                   margin: float = 0.05) -> Tuple[object, Dict[str, float]]:
+    """One codec for every bucket (an adapter that runs a single codec, e.g. hvdp.keras): the
+    candidate of least predicted total time, with the same margin and tie rule as :func:`decide`.
+    Returns the codec and the predicted seconds per candidate (summed over the buckets)."""
+    if not candidates:
+        raise ValueError("auto needs at least one candidate codec")
+    none = next((c for c in candidates if c.name == "none"), candidates[0])
+    if table.world <= 1 or not buckets:
+        return none, {}
+    total = {str(c): sum(predict(c, n, table) for n in buckets.values()) for c in candidates}
+    largest = max(buckets.values())
+    order: List = sorted(candidates, key=lambda c: _work(c, largest, table))
+    best = min(total.values())
+    return next(c for c in order if total[str(c)] <= best * (1.0 + margin)), total

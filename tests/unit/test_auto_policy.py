@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from hvdp import codecs
-from hvdp.auto import CostTable, Line, decide, predict
+from hvdp.auto import CostTable, Line, decide, decide_uniform, predict
 from hvdp.chooser import Chooser
 from hvdp.codecs import Compression
 from hvdp.codecs.auto import Auto
@@ -97,6 +97,15 @@ def test_ties_go_to_less_work_deterministically():
     none_t, int8_t = predict(NONE, n, t), predict(INT8, n, t)
     assert names(decide({"b0": n}, (NONE, INT8), t, margin=none_t / int8_t - 1 + 1e-9)) == {"b0": "none"}
     assert names(decide({"b0": n}, (NONE, INT8), t, margin=0.0)) == {"b0": "int8"}
+
+
+def test_one_codec_for_all_buckets():
+    # a huge bucket on a slow link outweighs many tiny ones: int8 for all
+    codec, total = decide_uniform({"b0": 4_000_000, "b1": 300, "b2": 500}, DEFAULT, table(gbit=1.0))
+    assert codec.name == "int8" and min(total, key=total.get) == str(INT8)
+    # only tiny buckets: none; one worker: none without predictions
+    assert decide_uniform({"b0": 300, "b1": 2000}, DEFAULT, table(gbit=1.0))[0].name == "none"
+    assert decide_uniform({"b0": 4_000_000}, DEFAULT, table(p=1)) == (NONE, {})
 
 
 def test_topk_only_when_listed():
