@@ -14,7 +14,7 @@ from conftest import CONTROLLERS, ROOT, WORKERS, checks_passed, horovodrun
 pytestmark = pytest.mark.parallel
 
 BACKENDS = ["tensorflow", "torch"]
-CHECKS = ["fit_equal", "fit_bpps", "broadcast", "metric_average", "warmup", "codecs", "mixed_precision",
+CHECKS = ["fit_equal", "fit_bpps", "custom_loop", "broadcast", "metric_average", "warmup", "codecs", "mixed_precision",
           "checkpoint", "resume", "syncbn"]
 
 

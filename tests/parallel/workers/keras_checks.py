@@ -77,6 +77,26 @@ def check_fit_equals_one_worker(passes=1, steps=5, b=8):
     assert_ranks_identical(model, f"fit{passes}")
 
 
+def check_custom_loop(steps=4, b=8):
+    """A custom loop (gradients by hand, then opt.apply) on 2 workers = 1 worker on the same
+    global batch (the codecs are checked by check_codecs)."""
+    x, y = data(steps * hvd.size() * b, seed=11)
+    xs, ys = shard(x, y, b)
+    model, ref = make_model(), make_model()
+    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9))
+    ref_opt = keras.optimizers.SGD(0.1, momentum=0.9)
+    hvd.broadcast_variables(model.variables, root_rank=0)
+    for step in range(steps):
+        lo, glo = step * b, step * hvd.size() * b
+        grads = local_gradients(model, xs[lo:lo + b], ys[lo:lo + b])
+        opt.apply([tensor(g) for g in grads], model.trainable_variables)
+        ref_grads = local_gradients(ref, x[glo:glo + hvd.size() * b], y[glo:glo + hvd.size() * b])
+        ref_opt.apply([tensor(g) for g in ref_grads], ref.trainable_variables)
+    for w, v in zip(model.get_weights(), ref.get_weights()):
+        assert np.abs(w - v).max() <= TOL, np.abs(w - v).max()
+    assert_ranks_identical(model, "loop")
+
+
 def check_broadcast_callback():
     model = make_model(seed=100 + hvd.rank())
     model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.Adam(1e-3)), loss=LOSS)
@@ -314,6 +334,7 @@ def pytest_raises(exc, text):
 CHECKS = {
     "fit_equal": check_fit_equals_one_worker,
     "fit_bpps": lambda: check_fit_equals_one_worker(passes=2),
+    "custom_loop": check_custom_loop,
     "broadcast": check_broadcast_callback,
     "metric_average": check_metric_average,
     "warmup": check_warmup_curve,
