@@ -7,7 +7,7 @@ import pytest
 
 from conftest import WORKERS, checks_passed, horovodrun
 
-pytestmark = pytest.mark.parallel
+pytestmark = [pytest.mark.parallel, pytest.mark.timeout(700)]  # one job per controller
 
 CHECKS = ["layout", "dp_codecs", "dp_broadcast_metric", "tp_dp_example", "pp_dp_example"]
 MODES = {"gloo": "dynamic", "mpi": "static"}
@@ -33,3 +33,11 @@ def test_mesh_check(controller, check):
 def test_mesh_job_exit_code(controller):
     rc, out = run_checks(controller)
     assert rc == 0, out[-4000:]
+
+
+def test_keras_dp_inside_mesh():
+    """hvdp.keras: ProcessMesh, broadcast_variables and model.fit with DistributedOptimizer over
+    mesh.dp (none, int8) equal to one process on the DP group's batches (TF backend, Gloo)."""
+    rc, out = horovodrun([os.path.join(WORKERS, "mesh_keras_checks.py"), "keras_dp"], np=4,
+                         controller="gloo", timeout=500, env={"KERAS_BACKEND": "tensorflow"})
+    assert checks_passed(out).get("keras_dp") == RANKS and rc == 0, out[-4000:]
