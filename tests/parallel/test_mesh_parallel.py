@@ -9,7 +9,8 @@ from conftest import WORKERS, checks_passed, horovodrun
 
 pytestmark = [pytest.mark.parallel, pytest.mark.timeout(700)]  # one job per controller
 
-CHECKS = ["layout", "dp_codecs", "dp_broadcast_metric", "tp_dp_example", "pp_dp_example"]
+CHECKS = ["layout", "dp_codecs", "dp_broadcast_metric", "dp_optimizer_state", "tp_dp_example",
+          "pp_dp_example"]
 MODES = {"gloo": "dynamic", "mpi": "static"}
 RANKS = {"0", "1", "2", "3"}
 

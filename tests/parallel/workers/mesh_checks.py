@@ -129,6 +129,32 @@ def check_dp_broadcast_metric():
     assert metric.item() == float(np.mean(mesh.ranks("dp"))), metric
 
 
+def check_dp_optimizer_state():
+    """broadcast_optimizer_state inside mesh.dp, where the two stages hold different parameters
+    (a world-wide broadcast would pair stage 0's tensors with stage 1's)."""
+    mesh = hvd.ProcessMesh(**PP_DP)
+    torch.manual_seed(mesh.pp_rank)
+    model = torch.nn.Linear(6 + 4 * mesh.pp_rank, 3)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+                                   named_parameters=model.named_parameters(), compression="int8",
+                                   process_set=mesh.dp, policy=hvd.CompressionPolicy(min_elements=1))
+    x = torch.randn(8, model.in_features) + hvd.rank()
+    model(x).square().mean().backward()
+    opt.step()
+    for g in opt.param_groups:  # a per-rank setting and per-rank momentum: the root's must win
+        g["momentum"] = 0.9 - 0.1 * hvd.rank()
+    for st in opt.state.values():
+        st["momentum_buffer"].add_(float(hvd.rank()))
+    residual = {k: v.clone() for k, v in opt._reducer.worker_residual.items()}
+    hvd.broadcast_optimizer_state(opt, root_rank=mesh.dp_root, process_set=mesh.dp)
+    assert opt.param_groups[0]["momentum"] == 0.9 - 0.1 * mesh.dp_root
+    for i, p in enumerate(model.parameters()):
+        buf = gather(opt.state[p]["momentum_buffer"], f"os.{i}", mesh.dp)
+        assert torch.equal(buf[0], buf[1]), f"momentum of parameter {i} differs inside the DP group"
+    mine = opt._reducer.worker_residual
+    assert residual and all(torch.equal(mine[k], v) for k, v in residual.items()), "residuals are per worker"
+
+
 def check_tp_dp_example():
     mesh = hvd.ProcessMesh(**TP_DP)
     for compression in ("none", "int8"):
