@@ -11,9 +11,13 @@ import sys
 
 import keras
 import numpy as np
-import tensorflow as tf
 
 import hvdp.keras as hvd
+
+if keras.backend.backend() == "tensorflow":  # the loop modes are TF's; fit runs on both backends
+    import tensorflow as tf
+else:
+    import torch
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from join_reference import check_uneven_run  # noqa: E402
@@ -35,11 +39,13 @@ def shard(n_steps, rank):
 
 
 def allgathered(a, name):
-    return hvd.allgather(tf.constant(np.asarray(a)[None]), name=name).numpy()
+    a = np.ascontiguousarray(np.asarray(a)[None])
+    t = tf.constant(a) if keras.backend.backend() == "tensorflow" else torch.from_numpy(a)
+    return keras.ops.convert_to_numpy(hvd.allgather(t, name=name))
 
 
 def assert_identical(model, opt, tag):
-    for i, w in enumerate(model.get_weights() + [np.asarray(opt.iterations)]):
+    for i, w in enumerate(model.get_weights() + [keras.ops.convert_to_numpy(opt.iterations)]):
         every = allgathered(w, f"join.ident.{tag}.{i}")
         assert all(np.array_equal(every[0], e) for e in every), f"{tag}: variable {i} differs"
 
@@ -75,7 +81,7 @@ def run_loop(codec, steps, uneven_inputs=True):
     last = hvd.join()
     assert last == int(np.argmax(steps)), (last, steps)
     assert_identical(model, opt, f"loop.{codec}")
-    assert int(opt.iterations) == max(steps), int(opt.iterations)
+    assert int(keras.ops.convert_to_numpy(opt.iterations)) == max(steps), int(keras.ops.convert_to_numpy(opt.iterations))
 
     res = residuals(opt)
     if res is not None:
@@ -107,9 +113,9 @@ def run_fit(codec, steps, with_join=True, epochs=2):
     hist = model.fit(x, y, batch_size=B, epochs=epochs, shuffle=False, verbose=0, callbacks=callbacks,
                      validation_data=(x[:B], y[:B]))
     assert_identical(model, opt, f"fit.{codec}")
-    assert int(opt.iterations) == epochs * max(steps), int(opt.iterations)
+    assert int(keras.ops.convert_to_numpy(opt.iterations)) == epochs * max(steps), int(keras.ops.convert_to_numpy(opt.iterations))
     assert np.all(np.isfinite(hist.history["loss"]))
-    print(f"CHECK join-fit-{codec} OK rank={rank} iterations={int(opt.iterations)}", flush=True)
+    print(f"CHECK join-fit-{codec} OK rank={rank} iterations={int(keras.ops.convert_to_numpy(opt.iterations))}", flush=True)
 
 
 def run_nojoin(codec, steps):
