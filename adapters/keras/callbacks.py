@@ -24,9 +24,11 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     hvdp's error-feedback residuals are per worker and are not broadcast.
     """
 
-    def __init__(self, root_rank=0):
+    def __init__(self, root_rank=0, process_set=None):
         super().__init__()
         self.root_rank = root_rank
+        # hvdp: e.g. mesh.dp with root_rank=mesh.dp_root (a global rank): only inside that set
+        self.process_set = process_set if process_set is not None else B.hvd.global_process_set
 
     def on_train_begin(self, logs=None):
         _check_steps_agree(self.model, self.params)
@@ -34,7 +36,7 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         if opt is not None and not opt.built:
             opt.build(self.model.trainable_variables)
         variables = list(self.model.variables) + (list(opt.variables) if opt is not None else [])
-        broadcast_variables(variables, self.root_rank)
+        broadcast_variables(variables, self.root_rank, process_set=self.process_set)
 
 
 def _check_steps_agree(model, params):
@@ -59,14 +61,22 @@ class MetricAverageCallback(keras.callbacks.Callback):
     """At each epoch's end, replace every logged metric by its average over the workers.
 
     Put it before callbacks that read the logs (checkpoints, early stopping, CSV logger).
+    ``process_set`` (hvdp; e.g. ``mesh.dp``): the average over that set's ranks only.
     """
+
+    def __init__(self, process_set=None):
+        super().__init__()
+        self.process_set = process_set
 
     def on_epoch_end(self, epoch, logs=None):
         if not logs:
             return
         keys = sorted(k for k, v in logs.items() if np.ndim(v) == 0)
         vals = np.array([float(logs[k]) for k in keys], dtype=np.float64)
-        avg = B.allreduce_np(vals, f"hvdp.metrics.{epoch}")
+        if self.process_set is None or self.process_set.process_set_id == 0:
+            avg = B.allreduce_np(vals, f"hvdp.metrics.{epoch}")
+        else:
+            avg = B.allgather_np(vals[None], f"hvdp.metrics.{epoch}", self.process_set).mean(0)
         for k, v in zip(keys, avg):
             logs[k] = float(v)
 
