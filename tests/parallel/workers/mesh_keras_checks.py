@@ -49,7 +49,13 @@ def check_keras_dp():
             keras.optimizers.SGD(LR), compression=compression, process_set=mesh.dp,
             policy=hvd.CompressionPolicy(min_elements=1)), loss=LOSS)
         x, y = data(hvd.rank())
-        model.fit(x, y, batch_size=B, epochs=1, shuffle=False, verbose=0)
+        seen = {}
+        local = keras.callbacks.LambdaCallback(on_epoch_end=lambda e, logs: seen.update(loss=logs["loss"]))
+        h = model.fit(x, y, batch_size=B, epochs=1, shuffle=False, verbose=0,
+                      callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(mesh.dp_root, process_set=mesh.dp),
+                                 local, hvd.callbacks.MetricAverageCallback(process_set=mesh.dp)])
+        losses = gathered(np.float64(seen["loss"]), f"kl.{compression}", mesh.dp)
+        assert abs(h.history["loss"][0] - float(losses.mean())) < 1e-9, (h.history["loss"], losses)
         ref = make_model(seed=10 + mesh.dp_root)
         ref.compile(optimizer=keras.optimizers.SGD(LR), loss=LOSS)
         gx, gy = group_batches(mesh.ranks("dp"))
