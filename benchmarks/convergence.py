@@ -11,6 +11,7 @@ the range, the difference to float32, and the wire bytes against a float32 ring.
 """
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -72,8 +73,9 @@ def launch(name, seeds, scale, out_dir, np_):
 def summarise(name, seeds, out_dir):
     wl, rows = WORKLOADS[name], []
     for i, (label, _) in enumerate(CONFIGS):
-        runs = [os.path.join(out_dir, f"{name}-{i}-{s}.json") for s in seeds]
-        if not all(os.path.exists(f) for f in runs):
+        # seeds not run (a study cut short) are left out: the table says n
+        runs = [f for f in (os.path.join(out_dir, f"{name}-{i}-{s}.json") for s in seeds) if os.path.exists(f)]
+        if not runs:
             continue
         rs = [json.load(open(f)) for f in runs]
         vals = [r[wl["metric"]] for r in rs]
@@ -86,19 +88,24 @@ def summarise(name, seeds, out_dir):
                      "codec": rs[0]["codec"], "steps": rs[0]["steps"], "global_batch": rs[0]["global_batch"],
                      "ranks_max_diff": max(r["ranks_max_diff"] for r in rs),
                      "seconds": statistics.mean(r["seconds"] for r in rs), "train_curve": curve, "evals": evals})
+        if "test_loss" in rs[0]:
+            rows[-1]["test_loss"] = statistics.mean(r["test_loss"] for r in rs)
     return rows
 
 
-def table(name, rows):
+def table(name, rows, n_seeds):
     wl, base = WORKLOADS[name], rows[0]["mean"]
     acc = name == "cnn"
     delta = "vs fp32 (points)" if acc else "vs fp32 (%)"
-    lines = [f"| compression | {wl['label']}: mean ± sd | range | {delta} | wire bytes ÷ fp32 |",
-             "|---|---|---|---|---|"]
+    extra = " test loss (mean) |" if acc else " bits per byte |"
+    lines = [f"| compression | {wl['label']}: mean ± sd | range | {delta} |{extra} wire bytes ÷ fp32 |",
+             "|---|---|---|---|---|---|"]
     for r in rows:
         d = 100 * (r["mean"] - base) if acc else 100 * (r["mean"] / base - 1)
-        lines.append(f"| {r['config']} | {r['mean']:.4f} ± {r['stdev']:.4f} | {r['min']:.4f} – {r['max']:.4f} "
-                     f"| {d:+.2f} | {r['wire_ratio']:.3f} |")
+        x = r["test_loss"] if acc else r["mean"] / math.log(2)
+        n = "" if len(r["values"]) == n_seeds else f" (n={len(r['values'])})"
+        lines.append(f"| {r['config']}{n} | {r['mean']:.4f} ± {r['stdev']:.4f} | {r['min']:.4f} – {r['max']:.4f} "
+                     f"| {d:+.2f} | {x:.4f} | {r['wire_ratio']:.3f} |")
     return "\n".join(lines)
 
 
@@ -137,6 +144,7 @@ def main():
                    help="one JSON per run; existing ones are kept (delete to rerun)")
     p.add_argument("--json-out", default=os.path.join(HERE, "results", "convergence.json"))
     p.add_argument("--plot", default=os.path.join(HERE, "results", "convergence.png"))
+    p.add_argument("--no-run", action="store_true", help="only tabulate and plot the runs in --out-dir")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     a = p.parse_args()
     os.makedirs(a.out_dir, exist_ok=True)
@@ -144,14 +152,17 @@ def main():
         return worker(a.worker, a.seeds, a.scale, a.out_dir)
     results, minutes = {}, {}
     for name in a.workloads:
-        minutes[name] = launch(name, a.seeds, a.scale, a.out_dir, a.np) / 60
+        if not a.no_run:
+            minutes[name] = launch(name, a.seeds, a.scale, a.out_dir, a.np) / 60
+            print(f"{name}: {minutes[name]:.1f} min", file=sys.stderr, flush=True)
         results[name] = summarise(name, a.seeds, a.out_dir)
-        print(f"{name}: {minutes[name]:.1f} min", file=sys.stderr, flush=True)
     for name in a.workloads:
         r0 = results[name][0]
+        took = f", {minutes[name]:.1f} min" if name in minutes else ""
         print(f"\n{name}: {a.np} workers, seeds {a.seeds}, {r0['steps']} steps of global batch "
-              f"{r0['global_batch']}, {minutes[name]:.1f} min")
-        print(table(name, results[name]))
+              f"{r0['global_batch']}{took}; training seconds per run (mean of seeds): "
+              + ", ".join(f"{r['config']} {r['seconds']:.0f}" for r in results[name]))
+        print(table(name, results[name], len(a.seeds)))
     with open(a.json_out, "w") as f:
         json.dump({"seeds": a.seeds, "np": a.np, "scale": a.scale, "minutes": minutes, **results}, f, indent=1)
     plot(results, a.plot)

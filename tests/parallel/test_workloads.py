@@ -1,0 +1,68 @@
+"""The workload examples (torch CNN, torch GPT, Keras CNN) run a few steps at -np 2: the loss
+falls, every rank ends with the same model, and int8 stays near the uncompressed run.
+
+One horovodrun job per example (tests/parallel/workers/workload_runs.py runs none and int8 in
+it); the convergence study itself (benchmarks/convergence.py) is not part of `make test`.
+"""
+import functools
+import json
+import os
+import statistics
+
+import pytest
+
+from conftest import WORKERS, horovodrun
+
+pytestmark = pytest.mark.parallel
+
+# int8 (+ error feedback) against float32 on the same seed and steps: mean training loss over
+# the run, relative; a few dozen steps of a small model leave room for codec noise
+CURVE_TOLERANCE = 0.10
+
+
+@functools.lru_cache(maxsize=None)
+def run_example(name, tmp_root):
+    out = os.path.join(tmp_root, name)
+    os.makedirs(out, exist_ok=True)
+    rc, log = horovodrun([os.path.join(WORKERS, "workload_runs.py"), name, out], timeout=900)
+    assert rc == 0, f"{name} failed (rc={rc}):\n{log[-4000:]}"
+    results = {}
+    for f in os.listdir(out):
+        if f.endswith(".json"):
+            with open(os.path.join(out, f)) as fh:
+                results[f[len(name) + 1:-5]] = json.load(fh)
+    return results
+
+
+@pytest.fixture(scope="module")
+def tmp_root(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("workloads"))
+
+
+def head_tail(curve, k):
+    return statistics.mean(curve[:k]), statistics.mean(curve[-k:])
+
+
+@pytest.mark.parametrize("name,k", [("torch_cnn", 5), ("torch_gpt", 4), ("keras_cnn", 1)])
+def test_example_trains_identically_on_every_rank(name, k, tmp_root):
+    results = run_example(name, tmp_root)
+    assert {"none", "int8"} <= set(results), sorted(results)
+    for codec in ("none", "int8"):
+        r = results[codec]
+        assert r["size"] == 2
+        assert r["ranks_max_diff"] == 0.0, f"{name} {codec}: ranks differ by {r['ranks_max_diff']}"
+        first, last = head_tail(r["train_curve"], k)
+        assert last < 0.9 * first, f"{name} {codec}: loss {first:.4f} -> {last:.4f} did not fall"
+    assert results["int8"]["wire_ratio"] < 0.5, results["int8"]["wire_ratio"]
+    base, int8 = (statistics.mean(results[c]["train_curve"]) for c in ("none", "int8"))
+    assert abs(int8 / base - 1) <= CURVE_TOLERANCE, f"{name}: mean loss none {base:.4f}, int8 {int8:.4f}"
+
+
+def test_gpt_resumes_from_its_checkpoint(tmp_root):
+    results = run_example("torch_gpt", tmp_root)
+    full, resumed = results["int8"], results["resumed"]
+    assert full["steps"] == 24 and resumed["steps"] == 36, (full["steps"], resumed["steps"])
+    # only the third epoch ran after the resume: 12 steps, one evaluation, at step 36
+    assert len(resumed["train_curve"]) == 12 and [e[0] for e in resumed["evals"]] == [36]
+    assert resumed["ranks_max_diff"] == 0.0
+    assert resumed["val_loss"] < full["evals"][0][1], (resumed["val_loss"], full["evals"])

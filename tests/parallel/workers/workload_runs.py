@@ -1,0 +1,38 @@
+"""Run one workload example a few steps, uncompressed and with int8, in one horovodrun job.
+
+    python workload_runs.py <torch_cnn|torch_gpt|keras_cnn> <out_dir>
+
+Writes ``<out_dir>/<example>-<codec>.json`` (the example's --json-out); the GPT also resumes
+from its checkpoint for one more epoch (``torch_gpt-resumed.json``).
+"""
+import importlib
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+sys.path.insert(0, os.path.join(ROOT, "examples"))
+
+SMALL = {
+    "torch_cnn": ["--epochs", "3", "--max-steps", "30", "--width", "8", "--sync-bn", "--quiet"],
+    "torch_gpt": ["--d-model", "64", "--heads", "2", "--layers", "2", "--context", "32", "--batch-size", "8",
+                  "--accumulate", "2", "--epochs", "2", "--steps-per-epoch", "12", "--warmup", "4",
+                  "--lr", "3e-3", "--val-windows", "16", "--quiet"],
+    "keras_cnn": ["--epochs", "3", "--width", "8", "--warmup-epochs", "1"],
+}
+
+
+def main():
+    name, out = sys.argv[1], sys.argv[2]
+    run = importlib.import_module(name).main
+    for codec in ("none", "int8"):
+        extra = ["--checkpoint", os.path.join(out, f"{name}-{codec}.ckpt")] if name == "torch_gpt" else []
+        run(SMALL[name] + extra + ["--compression", codec, "--json-out", os.path.join(out, f"{name}-{codec}.json")])
+    if name == "torch_gpt":  # the checkpoint holds 2 epochs: a third resumes from it
+        args = list(SMALL[name])
+        args[args.index("--epochs") + 1] = "3"
+        run(args + ["--checkpoint", os.path.join(out, "torch_gpt-int8.ckpt"), "--compression", "int8",
+                    "--json-out", os.path.join(out, "torch_gpt-resumed.json")])
+
+
+if __name__ == "__main__":
+    main()
