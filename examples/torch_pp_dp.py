@@ -34,7 +34,7 @@ import torch.nn.functional as F
 import hvdp.torch as hvd
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from torch_tp_dp import HIDDEN, compare, data, full_model, stages  # noqa: E402
+from torch_tp_dp import HIDDEN, check_text, compare, data, full_model, stages  # noqa: E402
 
 
 class StageLink:
@@ -145,7 +145,7 @@ def main():
     line = (f"rank {hvd.rank()} (stage {mesh.pp_rank}): DP traffic ({a.compression}, inside its DP group "
             f"{mesh.ranks('dp')}) {s['sent'] / 1e3:.1f} kB sent, {s['ratio']:.3f} of float32")
     if a.check:
-        line += f"; max |stage - one process| = {out['err']:.3g} (tolerance {out['tol']:.3g}), DP group bit-identical"
+        line += f"; {check_text(out)}, DP group bit-identical"
     print(line, flush=True)
 
 

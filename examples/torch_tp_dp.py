@@ -127,15 +127,23 @@ def compare(model, reference, lr, grad_max, compression, mesh, label):
     max|g|/254 (the workers' rounding) + max|avg|/254 (the reduced chunk's) of the exact average,
     and error feedback re-sends what was lost one step later: at most lr * 2 * sum_t max|g_t| / 127
     per weight over the run (a bound to first order: the trajectories differ, slightly, too).
+    fp16/bf16 likewise with their relative rounding (2^-11, 2^-8) in place of 1/254. topk keeps a
+    few elements per step and has no such bound: only the DP groups' identity is checked.
     """
-    tol = 1e-5 if compression == "none" else lr * 2 * sum(grad_max) / 127 + 1e-5
+    step = {"none": 0.0, "fp16": 2 ** -11, "bf16": 2 ** -8, "int8": 1 / 254}.get(compression)
+    tol = None if step is None else lr * 4 * step * sum(grad_max) + 1e-5
     err = max((p - q).abs().max().item()
               for p, q in zip(model.parameters(), shard_of(reference, model, mesh.tp_rank)))
-    assert err <= tol, f"{label}: max |mesh - one process| = {err:.3g} > tolerance {tol:.3g}"
+    assert tol is None or err <= tol, f"{label}: max |mesh - one process| = {err:.3g} > tolerance {tol:.3g}"
     for k, p in model.named_parameters():
         everyone = hvd.allgather(p.detach().reshape(1, -1), name=f"check.{label}.{k}", process_set=mesh.dp)
         assert all(torch.equal(everyone[0], e) for e in everyone), f"{k}: ranks of a DP group differ"
     return err, tol
+
+
+def check_text(out) -> str:
+    tol = "none" if out["tol"] is None else f"{out['tol']:.3g}"
+    return f"max |mesh - one process| = {out['err']:.3g} (tolerance {tol})"
 
 
 def train(mesh, steps=8, batch=8, lr=0.1, compression="int8", seed=0, check=False, log=print):
@@ -194,8 +202,7 @@ def main():
         print(f"DP traffic ({a.compression}, inside each DP group of {mesh.dp_size}): {s['sent'] / 1e3:.1f} kB "
               f"sent per rank, {s['ratio']:.3f} of float32", flush=True)
         if a.check:
-            print(f"check: max |mesh - one process| = {out['err']:.3g} (tolerance {out['tol']:.3g}); "
-                  "DP groups bit-identical", flush=True)
+            print(f"check: {check_text(out)}; DP groups bit-identical", flush=True)
 
 
 if __name__ == "__main__":

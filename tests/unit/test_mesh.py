@@ -124,7 +124,8 @@ def test_static_sets_passed_explicitly_are_found():
 
 
 def test_no_dynamic_sets_and_none_registered_names_both_fixes():
-    with pytest.raises(MeshError, match=r"process_sets='dynamic'.*HOROVOD_DYNAMIC_PROCESS_SETS=1.*static_process_sets\(dp=2, tp=2, pp=1\)"):
+    fix = r"process_sets='dynamic'.*HOROVOD_DYNAMIC_PROCESS_SETS=1.*static_process_sets\(dp=2, tp=2, pp=1\)"
+    with pytest.raises(MeshError, match=fix):
         mesh_class(FakeHorovod(rank=0, size=4))(dp=2, tp=2)
 
 

@@ -161,8 +161,7 @@ def check_tp_dp_example():
         out = torch_tp_dp.train(mesh, steps=6, compression=compression, check=True, log=lambda s: None)
         ratio = out["stats"]["total"]["all"]["ratio"]
         assert compression == "none" or ratio < 0.3, ratio
-        print(f"  tp x dp, {compression}: max |mesh - one process| {out['err']:.3g} (tolerance "
-              f"{out['tol']:.3g}), DP wire ratio {ratio:.3f}", flush=True)
+        print(f"  tp x dp, {compression}: {torch_tp_dp.check_text(out)}, DP wire ratio {ratio:.3f}", flush=True)
 
 
 def check_pp_dp_example():
@@ -171,8 +170,8 @@ def check_pp_dp_example():
         out = torch_pp_dp.train(mesh, steps=6, compression=compression, check=True, log=lambda s: None)
         ratio = out["stats"]["total"]["all"]["ratio"]
         assert compression == "none" or ratio < 0.3, ratio
-        print(f"  pp x dp, {compression}, stage {mesh.pp_rank}: max |stage - one process| {out['err']:.3g} "
-              f"(tolerance {out['tol']:.3g}), DP wire ratio {ratio:.3f}", flush=True)
+        print(f"  pp x dp, {compression}, stage {mesh.pp_rank}: {torch_tp_dp.check_text(out)}, "
+              f"DP wire ratio {ratio:.3f}", flush=True)
 
 
 def main():
