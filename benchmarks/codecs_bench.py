@@ -80,16 +80,47 @@ def speed(mib):
         r, ci = timed(fn)
         rows[label] = (gbs(r), gbs(ci), r / base)
     os.environ.pop("HVDP_KERNELS", None)
-    krows, kdesc = _kernel_rows(n, base, gbs)
+    krows, kdesc = _kernel_rows(n, gbs)
     return rows, krows, kdesc
 
 
-def _kernel_rows(n, base, gbs):
-    """Each phase through the fused kernels and through the array ops, on numpy and torch arrays."""
+def _reps(fn, seconds=0.05):
+    t0 = time.perf_counter()
+    fn()
+    return max(1, min(200, int(seconds / max(time.perf_counter() - t0, 1e-6))))
+
+
+def paired(fn, base_fn, iters=10, warmup=2):
+    """(GB/s-style rate of fn, its 95% interval, ratio to base_fn, the ratio's 95% interval):
+    fn and the memcpy take turns, iteration by iteration, so a machine whose load drifts during
+    the run (others' jobs) shifts both sides of each ratio alike."""
+    for _ in range(warmup):
+        fn(), base_fn()
+    rf, rb = _reps(fn), _reps(base_fn)
+    rates, ratios = [], []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        for _ in range(rb):
+            base_fn()
+        t1 = time.perf_counter()
+        for _ in range(rf):
+            fn()
+        t2 = time.perf_counter()
+        rates.append(rf / (t2 - t1))
+        ratios.append((rf / (t2 - t1)) / (rb / (t1 - t0)))
+    ci = lambda v: T95 * statistics.stdev(v) / len(v) ** 0.5  # noqa: E731
+    return statistics.mean(rates), ci(rates), statistics.mean(ratios), ci(ratios)
+
+
+def _kernel_rows(n, gbs):
+    """Each phase through the fused kernels and through the array ops, on numpy and torch arrays,
+    each rated against a memcpy of the same n float32 values taking turns with it."""
     rows = {}
     int8, bf16 = codecs.get("int8"), codecs.get("bf16")
     for fw, ops, mk in [("numpy", NumpyOps(), lambda a: a), ("torch", TorchOps(), torch.from_numpy)]:
         x = mk(np.random.default_rng(0).standard_normal(n).astype(np.float32))
+        dst = mk(np.empty(n, np.float32))
+        memcpy = (lambda: dst.copy_(x)) if fw == "torch" else (lambda: np.copyto(dst, x))
         r = mk(np.random.default_rng(1).standard_normal(n).astype(np.float32) * np.float32(1e-3))
         res, dec = mk(np.empty(n, np.float32)), mk(np.empty(n, np.float32))
         ki, kb = registry.select(int8, ops, x), registry.select(bf16, ops, x)
@@ -113,32 +144,27 @@ def _kernel_rows(n, base, gbs):
             "bf16 encode+decode": (lambda: kb.decode(kb.encode(x, out=pl_b), n, out=dec),
                                    lambda: bf16.decode(ops, bf16.encode(ops, x), n)),
         }
-        for p in (2, 4):
-            c = n // p
-            pls = ops.cat([int8.encode(ops, x[j * c:(j + 1) * c]) for j in range(p)])
-            nb = int8.payload_nbytes(c)
+        for p in (2, 4):  # P payloads of n values each -> n sums (as benchmarks/cuda_codecs.py)
+            pls = ops.cat([int8.encode(ops, x * float(j + 1)) for j in range(p)])
+            nb = int8.payload_nbytes(n)
 
-            def ops_sum(pls=pls, p=p, c=c, nb=nb, ops=ops):
-                acc = int8.decode(ops, pls[:nb], c)
+            def ops_sum(pls=pls, p=p, nb=nb, ops=ops):
+                acc = int8.decode(ops, pls[:nb], n)
                 for j in range(1, p):
-                    acc = ops.add_(acc, int8.decode(ops, pls[j * nb:(j + 1) * nb], c))
+                    acc = ops.add_(acc, int8.decode(ops, pls[j * nb:(j + 1) * nb], n))
                 return ops.mul_(acc, 1.0 / p)
-            # per output element: P payloads read; rated against a memcpy of the chunk
-            cases[f"owner decode-sum p={p}"] = (lambda pls=pls, p=p, c=c: ki.decode_sum(pls, p, c, 1.0 / p),
-                                                 ops_sum, c)
-        for label, (kern, arr, *m) in cases.items():
-            m = m[0] if m else n
-            for path, fn in (("kernel", kern), ("array ops", arr)):
-                rate, ci = timed(fn, reps=None)
-                rows.setdefault(label, {})[f"{path} ({fw})"] = (gbs(rate) * m / n, gbs(ci) * m / n,
-                                                                rate * m / n / base)
+            cases[f"owner decode-sum p={p}"] = (lambda pls=pls, p=p: ki.decode_sum(pls, p, n, 1.0 / p), ops_sum)
         for path, env in (("kernel", "auto"), ("array ops", "off")):  # the reducer, worker + owner
             os.environ["HVDP_KERNELS"] = env
             red = TwoPhaseReducer(int8, ops, _One(), True, AVERAGE)
-            rate, ci = timed(lambda red=red: red.finish(red.start("b", x)), reps=None)
-            rows.setdefault("int8+EF reducer (worker+owner, P=1)", {})[f"{path} ({fw})"] = \
-                (gbs(rate), gbs(ci), rate / base)
+            red.finish(red.start("b", x))  # selects the path while the setting holds
+            cases.setdefault("int8+EF reducer (worker+owner, P=1)", [None, None])[env == "off"] = \
+                lambda red=red: red.finish(red.start("b", x))
         os.environ.pop("HVDP_KERNELS", None)
+        for label, (kern, arr) in cases.items():
+            for path, fn in (("kernel", kern), ("array ops", arr)):
+                rate, ci, ratio, ratio_ci = paired(fn, memcpy)
+                rows.setdefault(label, {})[f"{path} ({fw})"] = (gbs(rate), gbs(ci), ratio, ratio_ci)
     return rows, getattr(registry.select(int8, NumpyOps(), np.zeros(4, np.float32)), "description", None)
 
 
@@ -175,12 +201,12 @@ def main():
     print("| codec | compress+decompress GB/s | ÷ memcpy |\n|---|---|---|")
     for k, (g, ci, ratio) in sp.items():
         print(f"| {k} | {g:.2f} ± {ci:.2f} | {ratio:.3f} |")
-    print(f"\nfused CPU kernels ({kdesc}) vs array ops, ÷ memcpy in the same run (GB/s of float32 "
-          "values ± 95% interval in brackets)")
+    print(f"\nfused CPU kernels ({kdesc}) vs array ops: throughput ÷ memcpy, each taking turns with "
+          "a memcpy of the same buffer (ratio ± 95% interval; GB/s of float32 values in brackets)")
     cols = [f"{p} ({fw})" for p in ("kernel", "array ops") for fw in ("numpy", "torch")]
     print("| phase | " + " | ".join(cols) + " |\n|---|" + "---|" * len(cols))
     for k, row in kr.items():
-        cells = [f"{row[c][2]:.3f} ({row[c][0]:.2f} ± {row[c][1]:.2f})" if c in row else "—" for c in cols]
+        cells = [f"{row[c][2]:.3f} ± {row[c][3]:.3f} ({row[c][0]:.2f})" if c in row else "—" for c in cols]
         print(f"| {k} | " + " | ".join(cells) + " |")
     wi = wire()
     print("\nwire bytes per worker ÷ float32 ring allreduce (measured from the buffers handed to the "
@@ -191,7 +217,8 @@ def main():
         print(f"| {name} | {cells} |")
     if a.json_out:
         with open(a.json_out, "w") as f:
-            json.dump({"speed": sp, "kernels": kr, "kernel_build": kdesc, "wire": {f"{k[0]}@{k[1]}": v for k, v in wi.items()}}, f, indent=1)
+            json.dump({"speed": sp, "kernels": kr, "kernel_build": kdesc,
+                       "wire": {f"{k[0]}@{k[1]}": v for k, v in wi.items()}}, f, indent=1)
 
 
 if __name__ == "__main__":

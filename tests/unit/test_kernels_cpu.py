@@ -191,7 +191,8 @@ def test_missing_compiler_falls_back_with_reason(monkeypatch):
 
 def test_broken_compiler_falls_back_with_reason(monkeypatch, tmp_path):
     cc = tmp_path / "cc"
-    cc.write_text("#!/bin/sh\n[ \"$1\" = --version ] && { echo 'fakecc 1.0'; exit 0; }\necho 'fakecc: cannot' >&2\nexit 1\n")
+    cc.write_text("#!/bin/sh\n[ \"$1\" = --version ] && { echo 'fakecc 1.0'; exit 0; }\n"
+                  "echo 'fakecc: cannot' >&2\nexit 1\n")
     cc.chmod(0o755)
     monkeypatch.setenv("CC", str(cc))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
