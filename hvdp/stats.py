@@ -26,10 +26,11 @@ class WireStats:
     Phase times (seconds, ``time.perf_counter``) of the two-phase reductions: ``encode`` (worker
     side, residual included), ``wire_wait`` (blocked in ``comm.wait``), ``owner`` (decode, sum,
     re-encode of the chunk this rank reduces), ``final_decode``; shown as mean ms per step.
-    ``paths`` says which implementation ran each codec ("cpu-c", "array ops", ...).
+    ``paths`` says which implementation ran each codec ("cpu-c", "array ops", ...) and
+    ``paths_why`` why no kernel served a codec that runs on the array ops.
     """
 
-    __slots__ = ("_step", "_last", "_total", "steps", "_t_step", "_t_last", "_t_total", "paths")
+    __slots__ = ("_step", "_last", "_total", "steps", "_t_step", "_t_last", "_t_total", "paths", "paths_why")
 
     PHASES = ("encode", "wire_wait", "owner", "final_decode")
 
@@ -43,12 +44,17 @@ class WireStats:
         self._t_last: Dict[str, float] = {}
         self._t_total: Dict[str, float] = defaultdict(float)
         self.paths: Dict[str, str] = {}
+        self.paths_why: Dict[str, str] = {}
 
     def time(self, phase: str, seconds: float) -> None:
         self._t_step[phase] += seconds
 
-    def path(self, codec: str, path: str) -> None:
+    def path(self, codec: str, path: str, why: str = "") -> None:
         self.paths[codec] = path
+        if why:
+            self.paths_why[codec] = why
+        else:
+            self.paths_why.pop(codec, None)
 
     def record(self, codec: str, elements: int, handed: int, sent: float, fp32: float) -> None:
         row = self._step[codec]
@@ -86,7 +92,8 @@ class WireStats:
 
     def summary(self) -> dict:
         """``{"last_step": {codec: {...}, "all": {...}}, "total": {...}, "steps": n,
-        "phase_ms": {phase: mean ms per step}, "phase_ms_last_step": {...}, "paths": {codec: path}}``."""
+        "phase_ms": {phase: mean ms per step}, "phase_ms_last_step": {...}, "paths": {codec: path},
+        "paths_why": {codec: why no kernel}}``."""
         return {"last_step": self._summary(self._last), "total": self._summary(self._total),
                 "steps": self.steps, "phase_ms": self.phase_ms(), "phase_ms_last_step": self.phase_ms(True),
-                "paths": dict(self.paths)}
+                "paths": dict(self.paths), "paths_why": dict(self.paths_why)}

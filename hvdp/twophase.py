@@ -94,12 +94,12 @@ class TwoPhaseReducer:
         """The fused kernels for buckets like ``like`` (chosen once per device), or None."""
         key = f"{type(like).__name__}:{getattr(like, 'device', '')}"
         if key not in self._kernels:
-            k = None
+            k, why = None, [f"{self.ops.name} arrays are not written in place (ArrayOps.writable_views)"]
             if getattr(self.ops, "writable_views", False):  # kernels write into the reducer's buffers
-                k = _kernels.select(self.codec, self.ops, like)
+                k, why = _kernels.explain(self.codec, self.ops, like)
             self._kernels[key] = k
             if self.stats is not None:
-                self.stats.path(self.codec.name, getattr(k, "path", "array ops"))
+                self.stats.path(self.codec.name, getattr(k, "path", "array ops"), "" if k else "; ".join(why))
         return self._kernels[key]
 
     def _time(self, phase, t0):

@@ -39,6 +39,8 @@ def run(p, codec, ef, steps, grads, monkeypatch, kernels, op=AVERAGE, postscale=
         history.append((outs, wire, [r.worker_residual for r in rs], [r.server_residual for r in rs]))
     want = "cpu-c" if kernels else "array ops"
     assert all(s.paths == {codec.name: want} for s in stats), [s.paths for s in stats]
+    why = stats[0].summary()["paths_why"]
+    assert why == ({} if kernels else {codec.name: "HVDP_KERNELS=off: the array ops run (unset it to use kernels)"})
     return history, stats
 
 
