@@ -242,3 +242,23 @@ def test_doctor_names_the_path_and_why(monkeypatch):
     assert kernel_paths()[0].startswith("int8: array ops (cpu-c: no C compiler: CC='/nonexistent/hvdp-cc'")
     monkeypatch.setenv("HVDP_KERNELS", "off")
     assert kernel_paths()[1] == "bf16: array ops (HVDP_KERNELS=off: the array ops run (unset it to use kernels))"
+
+
+@needs_cc
+def test_two_ranks_building_at_once_share_one_cached_library(tmp_path):
+    """Two processes compile into an empty cache together: both load a whole library, one file
+    remains (each writes a private temporary name and renames it into place)."""
+    import os
+    import subprocess
+    import sys
+    code = ("from hvdp.kernels.cpu import load; import numpy as np; from hvdp import codecs; "
+            "from hvdp.kernels.cpu import CpuKernels; from hvdp.ops import NumpyOps; lib, d = load(); "
+            "k = CpuKernels(codecs.get('int8'), NumpyOps(), lib, d); x = np.ones(256, np.float32); "
+            "print('OK', k.decode(k.encode(x), 256).sum())")
+    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path))
+    procs = [subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=600) for p in procs]
+    assert all(p.returncode == 0 and o.strip() == "OK 256.0" for p, (o, _) in zip(procs, outs)), outs
+    libs = [f for _, _, fs in os.walk(tmp_path) for f in fs]
+    assert libs == ["libcpu_codecs.so"], libs
