@@ -31,7 +31,7 @@ def _auto_rows(where, res):
     step = res["step_s"]["auto"][0]
     share = auto["probe_wall_s"] / (1000 * step)
     t = auto.get("trial")
-    trial = (f"none {t['none_ms']:.0f} ms/step, proposal {t['proposal_ms']:.0f} ms/step: kept {t['kept']}"
+    trial = (", ".join(f"{k} {v:.0f}" for k, v in t["ms"].items()) + f" ms/step: kept {t['kept']}"
              if t else "no trial (the probe's proposal was none)")
     return [(f"{where}: auto's choice per bucket", chosen, "—", None),
             (f"{where}: auto's trial ({t['steps'] if t else 0} steps each)", trial, "—", None),

@@ -77,7 +77,7 @@ def main():
                "-H", "localhost:2", "--gloo", sys.executable, os.path.join(HERE, "step_bench.py"),
                "--codecs", a.codecs, "--width", str(a.width), "--depth", "1", "--batch", "16",
                "--iters", "5", "--batches", "3", "--json-out", out,
-               "--warmup", "8"]  # auto: probe + its trial (2 x 3 steps) before the timed steps
+               "--warmup", "11"]  # auto: probe + its trial (3 plans x 3 steps) before the timed steps
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
         if r.returncode != 0:
             raise SystemExit(f"slow-link run failed:\n{(r.stdout + r.stderr)[-3000:]}")

@@ -54,8 +54,8 @@ def describe_auto(auto, elapsed):
         lines.append(f"  {b['bucket']} ({b['elements']} elements): {b['codec']}  [predicted ms: {pred or '-'}]")
     if auto["trial"]:
         t = auto["trial"]
-        lines.append(f"  trial ({t['steps']} steps each): none {t['none_ms']:.2f} ms/step, proposal "
-                     f"{auto['proposal']} {t['proposal_ms']:.2f} ms/step: kept {t['kept']}")
+        timed = ", ".join(f"{k} {v:.2f}" for k, v in t["ms"].items())
+        lines.append(f"  trial ({t['steps']} steps each, ms/step): {timed}: kept {t['kept']}")
     costs = auto["costs"] or {}
     for k, v in costs.get("links_per_byte", {}).items():
         lines.append(f"  link {k}: {v['fixed_ms']:.3f} ms + {v['ns_per_unit']:.3f} ns/byte")

@@ -7,13 +7,14 @@ before the first collective of every step and :meth:`Chooser.step_done` at the e
 1. probe (``hvdp.probe``) and decide (``hvdp.auto``): a proposal per bucket. It happens at the
    first step and again after :meth:`invalidate` (an elastic reset, a new bucket layout).
 2. trial (``Auto.trial_steps`` = K > 0, and a proposal that compresses something): K steps run
-   uncompressed, then K steps with the proposal; each step's time (end to end, as the training
-   loop sees it, overlap included) is taken on every rank, the ranks' slowest per step kept
-   (one allgather), and the proposal stays only if its median step beats none's by more than
-   the margin; otherwise every bucket goes back to none. This is the guard that auto never
-   loses to none by more than noise: the probe's model ignores overlap and load, the trial
-   does not. The trial steps are training steps (nothing is repeated); their cost is at most
-   K steps at the slower choice.
+   uncompressed, K with the proposal, and K with the runner-up (each compressed bucket with
+   the next-best compressing codec of the model, when there is one); each step's time (end to
+   end, as the training loop sees it, overlap included) is taken on every rank, the ranks'
+   slowest per step kept (one allgather), and the plan of least median step time is kept, an
+   earlier one (none, then the proposal) unless a later one beats it by more than the margin.
+   This is the guard that auto never loses to none by more than noise: the probe's model
+   ignores overlap and load, the trial does not. The trial steps are training steps (nothing is
+   repeated); their cost is at most 2K steps at a slower choice.
 3. final: the kept choice, until invalidated.
 
 All ranks reach ``ensure`` at the same point of the same step, so the probe's collectives and
@@ -42,8 +43,8 @@ class Chooser:
         chooser.step_done()                                                      # each step end
     """
 
-    __slots__ = ("settings", "table", "proposal", "choices", "stale", "phase", "_times", "_last",
-                 "trial", "probes", "probe_wall_s")
+    __slots__ = ("settings", "table", "proposal", "choices", "stale", "phase", "_plans", "_times",
+                 "_last", "trial", "probes", "probe_wall_s")
 
     def __init__(self, settings):
         # settings
@@ -53,8 +54,9 @@ class Chooser:
         self.proposal: Dict[str, Choice] = {}   # what the probe's model chose
         self.choices: Dict[str, Choice] = {}    # what runs now
         self.stale = True
-        self.phase: Optional[str] = None        # "none" / "proposal" while on trial
-        self._times: Dict[str, List[float]] = {"none": [], "proposal": []}
+        self.phase: Optional[int] = None        # while on trial: the plan being timed
+        self._plans: List[tuple] = []           # (name, {bucket: codec or "none"}) on trial
+        self._times: List[List[float]] = []
         self._last: Optional[float] = None
         # statistics
         self.trial: Optional[dict] = None
@@ -84,13 +86,29 @@ class Chooser:
             self._propose(buckets, world, probe)
             trial = (k > 0 and self.settings.costs is None and world > 1
                      and any(c.codec.name != "none" for c in self.proposal.values()))
-            self.phase, self._times = ("none" if trial else None), {"none": [], "proposal": []}
-            self._use(reducer, {b: ("none" if trial else c) for b, c in self.proposal.items()})
-        elif self.phase == "none" and len(self._times["none"]) >= k:
-            self.phase = "proposal"
-            self._use(reducer, self.proposal)
-        elif self.phase == "proposal" and len(self._times["proposal"]) >= k:
-            self._verdict(reducer, gather)
+            self._plans = self._trial_plans() if trial else []
+            self.phase, self._times = (0 if trial else None), [[] for _ in self._plans]
+            self._use(reducer, self._plans[0][1] if trial else self.proposal)
+        elif self.phase is not None and len(self._times[self.phase]) >= k:
+            if self.phase + 1 < len(self._plans):
+                self.phase += 1
+                self._use(reducer, self._plans[self.phase][1])
+            else:
+                self._verdict(reducer, gather)
+
+    def _trial_plans(self) -> List[tuple]:
+        """none everywhere, the proposal, and the runner-up when it differs from both."""
+        by_name = {str(c): c for c in self.settings.candidates}
+        runner = {}
+        for b, ch in self.proposal.items():
+            others = [k for k in sorted(ch.predicted, key=ch.predicted.get)
+                      if k != str(ch.codec) and by_name[k].name != "none"]
+            runner[b] = by_name[others[0]] if (ch.codec.name != "none" and others) else ch.codec
+        plans = [("none", {b: "none" for b in self.proposal}),
+                 ("proposal", {b: c.codec for b, c in self.proposal.items()})]
+        if any(runner[b] is not c.codec for b, c in self.proposal.items()):
+            plans.append(("runner-up", runner))
+        return plans
 
     def _propose(self, buckets, world, probe):
         if self.settings.costs is not None:
@@ -106,22 +124,27 @@ class Chooser:
         self.stale, self.trial = False, None
 
     def _use(self, reducer, choice) -> None:
+        """Run ``choice`` (bucket -> Choice, codec or "none") from now on."""
         none = next(c for c in self.settings.candidates if c.name == "none")
-        self.choices = {b: (Choice(b, self.proposal[b].elements, none, self.proposal[b].predicted)
-                            if c == "none" else c) for b, c in choice.items()}
+        self.choices = {}
+        for b, c in choice.items():
+            codec = c.codec if isinstance(c, Choice) else none if c == "none" else c
+            self.choices[b] = Choice(b, self.proposal[b].elements, codec, self.proposal[b].predicted)
         reducer.assign({b: c.codec for b, c in self.choices.items()})
 
     def _verdict(self, reducer, gather) -> None:
-        k = self.settings.trial_steps
-        mine = self._times["none"][:k] + self._times["proposal"][:k]
-        rows = [struct.unpack(f"<{2 * k}d", b) for b in gather(struct.pack(f"<{2 * k}d", *mine), TRIAL_NAME)]
-        slowest = [max(r[i] for r in rows) for i in range(2 * k)]  # the slowest rank sets the pace
-        none_s, prop_s = statistics.median(slowest[:k]), statistics.median(slowest[k:])
-        keep = prop_s * (1.0 + self.settings.margin) < none_s
-        self.trial = {"steps": k, "none_ms": 1e3 * none_s, "proposal_ms": 1e3 * prop_s,
-                      "kept": "proposal" if keep else "none"}
+        k, m = self.settings.trial_steps, len(self._plans)
+        mine = [t for times in self._times for t in times[:k]]
+        rows = [struct.unpack(f"<{m * k}d", b) for b in gather(struct.pack(f"<{m * k}d", *mine), TRIAL_NAME)]
+        slowest = [max(r[i] for r in rows) for i in range(m * k)]  # the slowest rank sets the pace
+        med = [statistics.median(slowest[i * k:(i + 1) * k]) for i in range(m)]
+        best = min(med)
+        keep = next(i for i in range(m) if med[i] <= best * (1.0 + self.settings.margin))
+        self.trial = {"steps": k, "ms": {name: 1e3 * t for (name, _), t in zip(self._plans, med)},
+                      "kept": self._plans[keep][0],
+                      "plans": {name: {b: str(c) for b, c in plan.items()} for name, plan in self._plans}}
         self.phase = None
-        self._use(reducer, self.proposal if keep else {b: "none" for b in self.proposal})
+        self._use(reducer, self._plans[keep][1])
 
     def summary(self) -> dict:
         """The decision per bucket and the measured figures behind it."""

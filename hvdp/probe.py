@@ -13,11 +13,12 @@ probe times exactly the paths training will take):
 - codecs: each candidate's whole per-rank work on one bucket (encode with the residual, the
   owner's decode-sum and re-encode, the final decode) by the real reducer on a loop-back comm
   (no wire), at two bucket sizes; fp16's casts likewise;
-- agreement: every rank's times are allgathered and combined the same way on every rank, so
-  every rank fits the same lines and :func:`hvdp.auto.decide` takes the same decision. A
-  collective's time is the fastest rank's: a rank that came early to it also measured its wait
-  for the others, the last to come measured the collective alone. A codec's time is the slowest
-  rank's: the slowest rank sets the pace of a data-parallel step.
+- agreement: every rank's times are allgathered and the fastest kept per entry (over the timed
+  runs and over the ranks), so every rank fits the same lines and :func:`hvdp.auto.decide`
+  takes the same decision. The fastest, because on a shared machine noise only adds time
+  (a descheduled process, a rank that came early to a collective and measured its wait for the
+  others); a rank that is slower for good (another device) shows in the trial of the first
+  steps (``hvdp.chooser``), which times real steps at the slowest rank's pace.
 
 Its wall time is kept in the table (``probe_s``) and shown by ``compression_stats()``.
 """
@@ -86,7 +87,8 @@ def measure(comm, ops, like, bucket_elements: Sequence[int], candidates: Sequenc
         make_reducer: ``(codec, comm) -> reducer`` exactly as training builds them.
         gather: ``(bytes, name) -> [every rank's bytes]`` (equal lengths), e.g. the adapter's
             ``allgather_fixed``.
-        reps: timed runs of each entry (the fastest is kept), after one untimed run.
+        reps: timed runs of each collective (the fastest is kept), after one untimed run; codecs
+            (local, cheaper) get one more.
         sync: waits for the device (CUDA: ``torch.cuda.synchronize``), called inside timings.
     """
     t_start = clock()
@@ -131,12 +133,11 @@ def measure(comm, ops, like, bucket_elements: Sequence[int], candidates: Sequenc
             runs.append(lambda fn=fn: (fn(), sync()))
     for run in runs:  # untimed: first use (allocations, a kernel's set-up)
         run()
-    times += _fastest(runs, reps, clock)
+    times += _fastest(runs, reps + 1, clock)
     # the same table everywhere (see the module's docstring for min / max)
     mine = struct.pack(f"<{len(times) + 1}d", *times, clock() - t_start)
     rows = [struct.unpack(f"<{len(times) + 1}d", b) for b in gather(mine, "hvdp.probe.table")]
-    pick = [min if kind == "link" else max for kind, _, _ in entries] + [max]
-    agreed = [pick[i](r[i] for r in rows) for i in range(len(times) + 1)]
+    agreed = [min(r[i] for r in rows) for i in range(len(times))] + [max(r[-1] for r in rows)]
     points: Dict[Tuple[str, str], List[Tuple[float, float]]] = {}
     for (kind, key, x), t in zip(entries, agreed):
         points.setdefault((kind, key), []).append((x, t))
