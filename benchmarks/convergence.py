@@ -61,7 +61,9 @@ def worker(name, seeds, scale, out_dir):
 def launch(name, seeds, scale, out_dir, np_):
     env = dict(os.environ, OMP_NUM_THREADS="1", TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1",
                PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
-    cmd = ["horovodrun", "-np", str(np_), "-H", f"localhost:{np_}", sys.executable, os.path.abspath(__file__),
+    # Gloo: its waiting ranks block; MPI's poll, which on a shared, loaded machine starves the
+    # rank that still computes (2 ranks sum identically over either)
+    cmd = ["horovodrun", "-np", str(np_), "-H", f"localhost:{np_}", "--gloo", sys.executable, os.path.abspath(__file__),
            "--worker", name, "--scale", str(scale), "--out-dir", out_dir, "--seeds"] + [str(s) for s in seeds]
     t0 = time.time()
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=7200, env=env)
