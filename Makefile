@@ -32,6 +32,8 @@ test-parallel: setup
 doctor: setup
 	$(PY) -m hvdp doctor
 
+# CNN + GPT, 2 workers, 3 seeds, 8 codec settings (benchmarks/results/convergence.{json,png});
+# about 20 min on a quiet 2-core machine; also a stage of `make bench`
 convergence: setup
 	$(PY) benchmarks/convergence.py
 
