@@ -194,7 +194,16 @@ def make_process_sets(hv: HorovodSets, layout: MeshLayout, given: Sequence[Any] 
             f"at start-up: hvd.init(process_sets=hvd.ProcessMesh.static_process_sets(dp={layout.dp}, "
             f"tp={layout.tp}, pp={layout.pp}))")
     for g in missing:
-        _KNOWN[tuple(g)] = hv.add_process_set(hv.ProcessSet(g))
+        try:
+            _KNOWN[tuple(g)] = hv.add_process_set(hv.ProcessSet(g))
+        except ValueError as e:
+            if "duplicate" not in str(e):  # e.g. the variable was set only after hvd.init
+                raise MeshError(f"hvdp: Horovod refused to add process set {g} ({e}); dynamic process "
+                                "sets must be on when Horovod starts: hvd.init(process_sets='dynamic') "
+                                f"or {HOROVOD_DYNAMIC_PROCESS_SETS}=1 before hvd.init") from e
+            raise MeshError(f"hvdp: Horovod already has a process set with ranks {g} (registered at "
+                            "hvd.init or by hand), which the mesh cannot look up: pass those ProcessSet "
+                            "objects as ProcessMesh(..., process_sets=[...])") from e
     full = tuple(range(layout.size))
     return {**{full: hv.global_process_set},
             **{tuple(g): _KNOWN[tuple(g)] for g in layout.process_set_ranks()}}

@@ -142,3 +142,27 @@ def test_elastic_job_is_refused(monkeypatch):
     monkeypatch.setenv("HOROVOD_ELASTIC", "1")
     with pytest.raises(MeshError, match="elastic.*process sets across a reset"):
         mesh_class(FakeHorovod(rank=0, size=4))(dp=2, tp=2)
+
+
+def test_a_set_registered_elsewhere_is_named(monkeypatch):
+    monkeypatch.setenv("HOROVOD_DYNAMIC_PROCESS_SETS", "1")
+    fake = FakeHorovod(rank=0, size=4)
+
+    def duplicate(ps):
+        raise ValueError(f"Attempted to add a duplicate process set: {ps}")
+    fake.hv = fake.hv._replace(add_process_set=duplicate)
+    fix = r"already has a process set with ranks \[0, 2\].*process_sets=\[\.\.\.\]"
+    with pytest.raises(MeshError, match=fix):
+        mesh_class(fake)(dp=2, tp=2)
+
+
+def test_dynamic_sets_switched_on_too_late_are_named(monkeypatch):
+    monkeypatch.setenv("HOROVOD_DYNAMIC_PROCESS_SETS", "1")  # but Horovod started without it
+    fake = FakeHorovod(rank=0, size=4)
+
+    def refused(ps):
+        raise ValueError("Set HOROVOD_DYNAMIC_PROCESS_SETS=1 to allow adding process sets after "
+                         "Horovod initialization.")
+    fake.hv = fake.hv._replace(add_process_set=refused)
+    with pytest.raises(MeshError, match=r"must be on when Horovod starts.*before hvd.init"):
+        mesh_class(fake)(dp=2, tp=2)
