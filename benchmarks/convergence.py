@@ -81,10 +81,11 @@ def summarise(name, seeds, out_dir):
             continue
         rs = [json.load(open(f)) for f in runs]
         vals = [r[wl["metric"]] for r in rs]
+        run_seeds = [r["seed"] for r in rs]
         curve = [statistics.mean(c) for c in zip(*[r["train_curve"] for r in rs])]
         evals = [[e[0], statistics.mean(x[i][1] for x in [r["evals"] for r in rs])]
                  for i, e in enumerate(rs[0]["evals"])]
-        rows.append({"config": label, "values": vals, "mean": statistics.mean(vals),
+        rows.append({"config": label, "values": vals, "seeds": run_seeds, "mean": statistics.mean(vals),
                      "stdev": statistics.stdev(vals) if len(vals) > 1 else 0.0, "min": min(vals),
                      "max": max(vals), "wire_ratio": statistics.mean(r["wire_ratio"] for r in rs),
                      "codec": rs[0]["codec"], "steps": rs[0]["steps"], "global_batch": rs[0]["global_batch"],
@@ -96,18 +97,20 @@ def summarise(name, seeds, out_dir):
 
 
 def table(name, rows, n_seeds):
-    wl, base = WORKLOADS[name], rows[0]["mean"]
+    wl, base = WORKLOADS[name], dict(zip(rows[0]["seeds"], rows[0]["values"]))
     acc = name == "cnn"
-    delta = "vs fp32 (points)" if acc else "vs fp32 (%)"
+    delta = "vs fp32, same seed (points)" if acc else "vs fp32, same seed (%)"
     extra = " test loss (mean) |" if acc else " bits per byte |"
     lines = [f"| compression | {wl['label']}: mean ± sd | range | {delta} |{extra} wire bytes ÷ fp32 |",
              "|---|---|---|---|---|---|"]
     for r in rows:
-        d = 100 * (r["mean"] - base) if acc else 100 * (r["mean"] / base - 1)
+        ds = [100 * (v - base[sd]) if acc else 100 * (v / base[sd] - 1)
+              for sd, v in zip(r["seeds"], r["values"]) if sd in base]
+        r["paired_delta"] = [statistics.mean(ds), statistics.stdev(ds) if len(ds) > 1 else 0.0]
         x = r["test_loss"] if acc else r["mean"] / math.log(2)
         n = "" if len(r["values"]) == n_seeds else f" (n={len(r['values'])})"
         lines.append(f"| {r['config']}{n} | {r['mean']:.4f} ± {r['stdev']:.4f} | {r['min']:.4f} – {r['max']:.4f} "
-                     f"| {d:+.2f} | {x:.4f} | {r['wire_ratio']:.3f} |")
+                     f"| {r['paired_delta'][0]:+.2f} ± {r['paired_delta'][1]:.2f} | {x:.4f} | {r['wire_ratio']:.3f} |")
     return "\n".join(lines)
 
 
@@ -131,7 +134,8 @@ def plot(results, path):
         ax.set_xlabel("optimizer step")
         ax.set_ylabel("training loss (mean of seeds, smoothed)" + ("; o: held-out" if name == "gpt" else ""))
         ax.set_title({"gpt": "byte-level GPT on stdlib sources", "cnn": "CNN on digits images"}[name] + ", 2 workers")
-        ax.legend(fontsize=8)
+        if results.get(name):
+            ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
