@@ -115,29 +115,40 @@ def table(name, rows, n_seeds):
 
 
 def plot(results, path):
+    """Top: training loss (mean of seeds, smoothed; GPT held-out loss as dots). Bottom: the same
+    minus float32's, where codecs that overlap on top come apart."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
-    for ax, name in zip(axes, ("gpt", "cnn")):
-        for r in results.get(name, []):
+    fig, axes = plt.subplots(2, 2, figsize=(12, 8), sharex="col")
+    titles = {"gpt": "byte-level GPT on stdlib sources", "cnn": "CNN on digits images"}
+    for col, name in enumerate(("gpt", "cnn")):
+        rows = results.get(name, [])
+        if not rows:
+            continue
+        base = np.array(rows[0]["train_curve"])
+        k = max(1, len(base) // 16)  # moving average over ~6% of the run
+
+        def smooth(c):
+            return np.arange(k, len(c) + 1), np.convolve(c, np.ones(k) / k, mode="valid")
+        for r in rows:
             c = np.array(r["train_curve"])
-            k = max(1, len(c) // 20)  # moving average over ~5% of the run
-            sm = np.convolve(c, np.ones(k) / k, mode="valid")
-            line, = ax.plot(np.arange(k, len(c) + 1), sm, label=r["config"], lw=1.2)
+            line, = axes[0, col].plot(*smooth(c), label=r["config"], lw=1.2)
+            axes[1, col].plot(*smooth(c - base), color=line.get_color(), lw=1.2)
             if name == "gpt":
-                e = np.array(r["evals"])
-                ax.plot(e[:, 0], e[:, 1], "o--", color=line.get_color(), ms=4, lw=0.8)
-        if name == "cnn":
-            ax.set_yscale("log")
-        ax.set_xlabel("optimizer step")
-        ax.set_ylabel("training loss (mean of seeds, smoothed)" + ("; o: held-out" if name == "gpt" else ""))
-        ax.set_title({"gpt": "byte-level GPT on stdlib sources", "cnn": "CNN on digits images"}[name] + ", 2 workers")
-        if results.get(name):
-            ax.legend(fontsize=8)
+                e, e0 = np.array(r["evals"]), np.array(rows[0]["evals"])
+                axes[0, col].plot(e[:, 0], e[:, 1], "o", color=line.get_color(), ms=3)
+                axes[1, col].plot(e[:, 0], e[:, 1] - e0[:, 1], "o--", color=line.get_color(), ms=3, lw=0.8)
+        axes[0, col].set_yscale("log")
+        axes[0, col].set_title(f"{titles[name]}, 2 workers, mean of {len(rows[0]['values'])} seeds")
+        axes[0, col].set_ylabel("training loss" + (" (dots: held-out)" if name == "gpt" else ""))
+        axes[0, col].legend(fontsize=8)
+        axes[1, col].axhline(0, color="grey", lw=0.6)
+        axes[1, col].set_ylabel("minus float32's" + (" (dots: held-out)" if name == "gpt" else ""))
+        axes[1, col].set_xlabel("optimizer step")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=100)
 
 
 def main():
