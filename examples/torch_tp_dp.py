@@ -181,6 +181,9 @@ def train(mesh, steps=8, batch=8, lr=0.1, compression="int8", seed=0, check=Fals
     out = dict(loss=avg.item(), stats=opt.compression_stats(), opt=opt)
     if check:
         out["err"], out["tol"] = compare(model, reference, lr, grad_max, compression, mesh, f"tp_dp.{compression}")
+    # one DP group may finish its last collectives before the other: a rank that exits then shuts
+    # Horovod down (every process set with it) under the other group
+    hvd.barrier()
     return out
 
 
