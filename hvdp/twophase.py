@@ -91,8 +91,8 @@ class TwoPhaseReducer:
         self._kernels: Dict[str, Any] = {}  # by device: kernels, or None (array ops)
 
     def kernels_for(self, like):
-        """The fused kernels for buckets like ``like`` (chosen once per device), or None."""
-        key = f"{type(like).__name__}:{getattr(like, 'device', '')}"
+        """The fused kernels for buckets like ``like`` (chosen once per device and dtype), or None."""
+        key = f"{type(like).__name__}:{getattr(like, 'device', '')}:{getattr(like, 'dtype', '')}"
         if key not in self._kernels:
             k, why = None, [f"{self.ops.name} arrays are not written in place (ArrayOps.writable_views)"]
             if getattr(self.ops, "writable_views", False):  # kernels write into the reducer's buffers

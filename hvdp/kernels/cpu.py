@@ -122,8 +122,11 @@ def provider(codec, ops, like):
         raise Unavailable(f"no CPU kernel for {codec.name} (kernels exist for {', '.join(SERVED)})")
     if not hasattr(ops, "as_numpy"):
         raise Unavailable(f"{ops.name} ops give no host views (ArrayOps.as_numpy)")
-    if like is not None and ops.as_numpy(like) is None:
+    host = None if like is None else ops.as_numpy(like)
+    if like is not None and host is None:
         raise Unavailable(f"{ops.name} arrays not in host memory here (a GPU tensor or a traced graph)")
+    if host is not None and host.dtype != np.float32 and host.dtype != np.uint8:
+        raise Unavailable(f"the CPU kernels take float32 buckets, not {host.dtype}")
     lib, desc = load()
     return CpuKernels(codec, ops, lib, desc)
 

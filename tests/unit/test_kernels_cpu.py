@@ -205,6 +205,8 @@ def test_unserved_codec_and_device_say_why():
     assert k is None and any("no CPU kernel for topk" in w for w in why), why
     k, why = registry.explain(codecs.get("int8"), OPS, [1.0, 2.0])  # not a host array of these ops
     assert k is None and any("not in host memory" in w for w in why), why
+    k, why = registry.explain(codecs.get("int8"), OPS, np.zeros(4, np.float64))
+    assert k is None and any("take float32 buckets, not float64" in w for w in why), why
 
 
 def test_registry_order_duplicates_and_broken_provider():
