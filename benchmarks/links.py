@@ -68,3 +68,38 @@ def rows(load):
             out.append((f"{where}: {k} ÷ none step time", f"{m:.3f} ± {ci:.3f}", target, met))
         out += _auto_rows(where, res)
     return out
+
+
+def main():
+    """Run the three links (unless ``--report-only``) and write ``results/links.md``."""
+    import argparse
+    import json
+    import platform
+    import subprocess
+    import sys
+    ap = argparse.ArgumentParser(description=main.__doc__)
+    ap.add_argument("--report-only", action="store_true")
+    a = ap.parse_args()
+    res_dir = os.path.join(HERE, "results")
+
+    def python(args):
+        subprocess.run([sys.executable] + args, check=True, timeout=1800)
+
+    def load(name):
+        with open(os.path.join(res_dir, name)) as f:
+            return json.load(f)
+    if not a.report_only:
+        for _, run in stages(python, res_dir):
+            run()
+    load_avg = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    lines = [f"Machine: {platform.machine()}, {os.cpu_count()} cores; load average when written: "
+             f"{load_avg:.1f}", "", "| measurement | value (mean ± 95% CI) | target | |", "|---|---|---|---|"]
+    mark = {True: "met", False: "NOT met", None: ""}
+    lines += [f"| {m} | {v} | {t} | {mark[k]} |" for m, v, t, k in rows(load)]
+    with open(os.path.join(res_dir, "links.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
