@@ -103,7 +103,8 @@ def _line(table: Mapping[str, Line], key: str, what: str) -> Line:
     try:
         return table[key]
     except KeyError:
-        raise ValueError(f"the cost table has no {what} {key!r} (it has {', '.join(sorted(table)) or 'none'}); "
+        have = ", ".join(sorted(table)) or "none"
+        raise ValueError(f"the cost table has no {what} {key!r} (it has {have}); "
                          "probe with the same candidates, or pass a table that measured it") from None
 
 

@@ -144,5 +144,7 @@ class MixedReducer:
             if sub is None:
                 r.load_state_dict({"codec": None})
                 continue
-            keep = lambda d: {k: v for k, v in d.items() if saved.get(k) == key == self.key_of(k)}  # noqa: E731
-            r.load_state_dict(dict(sub, worker=keep(sub.get("worker", {})), server=keep(sub.get("server", {}))))
+            def keep(d, key=key):
+                return {k: v for k, v in d.items() if saved.get(k) == key == self.key_of(k)}
+            r.load_state_dict(dict(sub, worker=keep(sub.get("worker", {})),
+                                   server=keep(sub.get("server", {}))))
