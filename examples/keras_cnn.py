@@ -76,9 +76,10 @@ def main(argv=None):
     test_loss, acc = model.evaluate(xte, yte, verbose=0)
     stats = opt.compression_stats()
     if hvd.rank() == 0:
-        print(f"test accuracy {acc:.4f}  test loss {test_loss:.4f}  |  {len(mine) * args.epochs * hvd.size() / elapsed:.0f} "
-              f"samples/s over {hvd.size()} worker(s)  |  compression {stats['codec']}: wire bytes "
-              f"{stats['all']['ratio']:.3f} of float32  |  ranks differ by {diff:.3g}", flush=True)
+        rate = len(mine) * args.epochs * hvd.size() / elapsed
+        print(f"test accuracy {acc:.4f}  test loss {test_loss:.4f}  |  {rate:.0f} samples/s over {hvd.size()} "
+              f"worker(s)  |  compression {stats['codec']}: wire bytes {stats['all']['ratio']:.3f} of float32  |  "
+              f"ranks differ by {diff:.3g}", flush=True)
         if args.json_out:
             with open(args.json_out, "w") as f:
                 json.dump({"test_accuracy": float(acc), "test_loss": float(test_loss), "size": hvd.size(),

@@ -113,7 +113,8 @@ def main(argv=None):
     global_batch = args.batch_size * hvd.size()
     steps = len(xtr) // global_batch
     total_steps = steps * args.epochs if not args.max_steps else min(args.max_steps, steps * args.epochs)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.5 * (1 + np.cos(np.pi * min(s, total_steps) / total_steps)))
+    sched = torch.optim.lr_scheduler.LambdaLR(  # cosine decay to zero at the last step
+        opt, lambda s: 0.5 * (1 + np.cos(np.pi * min(s, total_steps) / total_steps)))
     show = hvd.rank() == 0 and not args.quiet
     losses, evals, step, t0 = [], [], 0, time.perf_counter()
     for epoch in range(args.epochs):

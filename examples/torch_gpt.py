@@ -167,7 +167,8 @@ def main(argv=None):
         val_loss = validate(model, val, args, autocast)
         evals.append([step, val_loss])
         if hvd.rank() == 0:
-            print(f"epoch {epoch + 1}/{args.epochs}  step {step}  train loss {np.mean(losses[-args.steps_per_epoch:]):.4f}  "
+            train_loss = np.mean(losses[-args.steps_per_epoch:])
+            print(f"epoch {epoch + 1}/{args.epochs}  step {step}  train loss {train_loss:.4f}  "
                   f"val loss {val_loss:.4f}  ({val_loss / math.log(2):.3f} bits per byte)", flush=True)
         if args.checkpoint:
             hvd.save_checkpoint(args.checkpoint, model, opt, epoch=epoch + 1, scheduler=sched.state_dict())
