@@ -26,3 +26,18 @@ def test_auto_torch(controller, check):
     rc, out = run_checks(controller)
     assert checks_passed(out).get(check) == {"0", "1"}, \
         f"check {check} not passed on both ranks (rc={rc}):\n{out[-4000:]}"
+
+
+def test_auto_through_elastic_resizes(tmp_path, monkeypatch):
+    """auto probes again after every reset (2 -> 3 -> 2 workers): the probe's and the trial's
+    collectives line up on the new set of workers (no hang) and training goes on."""
+    import elastic_harness as eh
+    # Gloo's rendezvous after a reset takes longer than the harness' 10 s on a loaded machine
+    monkeypatch.setenv("HOROVOD_GLOO_TIMEOUT_SECONDS", "60")
+    schedule = [(0, ["localhost:2"]), (15, ["localhost:2", "127.0.0.1:1"]), (45, ["localhost:2"])]
+    rc, out, _ = eh.run(str(tmp_path), schedule, np_=2, step_sleep=0.06, script="torch_elastic.py",
+                        timeout=400, extra=("--compression", "auto"))
+    assert rc == 0, out[-4000:]
+    steps, _ = eh.audit(str(tmp_path), 1347, 3)
+    sizes = [s["size"] for s in steps]
+    assert sizes[0] == 2 and 3 in sizes and sizes[-1] == 2, sizes
