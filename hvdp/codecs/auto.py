@@ -35,6 +35,7 @@ class Auto:
     """
 
     name: ClassVar[str] = "auto"
+    summable: ClassVar[bool] = False  # it may choose a two-phase codec (e.g. for hvd.join's rules)
     candidates: Tuple[Any, ...] = DEFAULT_CANDIDATES
     margin: float = 0.05
     trial_steps: int = 3
