@@ -76,7 +76,7 @@ def main():
                shutil.which("horovodrun", path=env["PATH"]), "-np", "2",
                "-H", "localhost:2", "--gloo", sys.executable, os.path.join(HERE, "step_bench.py"),
                "--codecs", a.codecs, "--width", str(a.width), "--depth", "1", "--batch", "16",
-               "--iters", "5", "--batches", "3", "--json-out", out,
+               "--iters", "8", "--batches", "3", "--json-out", out,
                "--warmup", "11"]  # auto: probe + its trial (3 plans x 3 steps) before the timed steps
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
         if r.returncode != 0:
