@@ -48,7 +48,9 @@ class Int8(Codec):
         if ops.all_finite(absmax):
             scale = _per_block_scale(ops, absmax)
             safe = ops.where(scale > 0, scale, 1.0)
-            q = ops.round(x2 / ops.reshape(safe, (-1, 1)))  # |q| <= 127 since |x| <= absmax
+            # |x| <= absmax bounds |q| by 127, except where the scale is a subnormal float (absmax
+            # below ~1.5e-36): its rounding can make the quotient 128, which must not wrap to -128
+            q = ops.clip(ops.round(x2 / ops.reshape(safe, (-1, 1))), -127.0, 127.0)
             return ops.cat([ops.to_bytes(ops.cast(q, "int8")), ops.to_bytes(ops.cast(scale, "float32"))])
         finite = ops.isfinite(x2)
         scale = _per_block_scale(ops, ops.amax_rows(ops.where(finite, ops.abs(x2), 0.0)))

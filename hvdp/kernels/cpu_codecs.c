@@ -6,10 +6,9 @@
  *
  * int8 payload of an n-element chunk (n a multiple of the block size B): n int8 codes, then n/B
  * float32 scales. A non-finite value is code -128 and flags its block with a negative scale.
- * The reference decides per chunk: when no block is flagged, codes are the int8 cast of the
- * rounded quotient (which wraps in the rare block whose scale is a subnormal float); otherwise
- * they are clipped to [-127, 127] first. Decoding likewise: a chunk with a negative scale turns
- * code -128 into NaN.
+ * Codes are the rounded quotient clipped to [-127, 127] (the clip matters only in a block whose
+ * scale is a subnormal float, where the quotient can round to 128). Decoding: a chunk with a
+ * negative scale turns code -128 into NaN.
  */
 #include <float.h>
 #include <math.h>
@@ -29,7 +28,7 @@ static inline float finite_or_zero(float r) { return (fbits(r) & 0x7fffffffu) < 
 #define INLINE static inline __attribute__((always_inline))
 #define Y(i) (prev ? x[i] + prev[i] : x[i])
 
-INLINE float int8_block(const float *restrict x, const float *restrict prev, int64_t B, int clip,
+INLINE float int8_block(const float *restrict x, const float *restrict prev, int64_t B,
                         int8_t *restrict q, float *restrict res, int *flagged)
 {
     /* two integer max reductions over |y|'s bits (ordered like the floats): all values, and the
@@ -46,20 +45,16 @@ INLINE float int8_block(const float *restrict x, const float *restrict prev, int
     float safe = scale > 0.0f ? scale : 1.0f;
     *flagged = nf;
     if (!nf) {
-#define CODES(CLIP, RES)                                                              \
+#define CODES(RES)                                                                    \
         for (int64_t i = 0; i < B; i++) {                                             \
             float y = Y(i);                                                           \
             int32_t k = (int32_t)rintf(y / safe); /* |k| < 256: exact */              \
-            if (CLIP) k = k < -127 ? -127 : (k > 127 ? 127 : k);                      \
+            k = k < -127 ? -127 : (k > 127 ? 127 : k);                                \
             int8_t c = (int8_t)k;                                                     \
             q[i] = c;                                                                 \
             if (RES) res[i] = finite_or_zero(y - (float)c * scale);                   \
         }
-        if (clip) {
-            if (res) { CODES(1, 1) } else { CODES(1, 0) }
-        } else {
-            if (res) { CODES(0, 1) } else { CODES(0, 0) }
-        }
+        if (res) { CODES(1) } else { CODES(0) }
 #undef CODES
         return scale;
     }
@@ -80,24 +75,13 @@ INLINE float int8_block(const float *restrict x, const float *restrict prev, int
  * the compiler then vectorises each loop without per-block set-up, which dominates otherwise. */
 INLINE void int8_encode(const float *x, const float *prev, float *res, uint8_t *out, int64_t n, int64_t B)
 {
-    int64_t nblocks = n / B, first_nf = -1, first_sub = -1;
+    int64_t nblocks = n / B;
     for (int64_t b = 0; b < nblocks; b++) {
         int flagged;
-        float s = int8_block(x + b * B, prev ? prev + b * B : NULL, B, first_nf >= 0, (int8_t *)out + b * B,
+        float s = int8_block(x + b * B, prev ? prev + b * B : NULL, B, (int8_t *)out + b * B,
                              res ? res + b * B : NULL, &flagged);
         memcpy(out + n + 4 * b, &s, 4);
-        if (flagged && first_nf < 0) first_nf = b;
-        if (!flagged && first_sub < 0 && s > 0.0f && s < FLT_MIN) first_sub = b;
     }
-    /* the chunk turned out to hold a non-finite value: blocks before it whose subnormal scale may
-     * have wrapped a code are encoded again with the clip the reference applies then */
-    if (first_nf >= 0 && first_sub >= 0 && first_sub < first_nf)
-        for (int64_t b = first_sub; b < first_nf; b++) {
-            int flagged;
-            float s = int8_block(x + b * B, prev ? prev + b * B : NULL, B, 1, (int8_t *)out + b * B,
-                                 res ? res + b * B : NULL, &flagged);
-            memcpy(out + n + 4 * b, &s, 4);
-        }
 }
 
 #define BLOCK_CASES(CALL) \

@@ -118,3 +118,13 @@ def test_encode_into_a_send_buffer_slice():
     for j in range(p):
         k.encode(_t(xs[j]), out=send[j * nb:(j + 1) * nb])
     np.testing.assert_array_equal(send.cpu().numpy(), np.concatenate([codec.encode(NP, x) for x in xs]))
+
+
+def test_subnormal_scale_clips_like_reference():
+    """A block whose scale is a subnormal float: the quotient 128 is clipped to 127, not wrapped."""
+    codec = codecs.get("int8", block_size=64)
+    x = np.zeros(2 * 64, np.float32)
+    x[:64] = np.float32(2.0 ** -142)
+    ref = codec.encode(NP, x)
+    assert np.frombuffer(ref[:1].tobytes(), np.int8)[0] == 127
+    np.testing.assert_array_equal(kc.CudaInt8Kernels(codec).encode(_t(x)).cpu().numpy(), ref)
