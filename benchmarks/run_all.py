@@ -14,6 +14,7 @@ from tqdm import tqdm
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import links  # noqa: E402  (the three-link stage)
+import peers  # noqa: E402  (hvdp against DDP's hooks on the same links)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -53,6 +54,7 @@ STAGES = [
     ("step time np=2 (+DDP)", lambda: horovodrun(2, [os.path.join(HERE, "step_bench.py"), "--ddp",
                                                      "--json-out", os.path.join(RES, "step_np2.json")])),
 ] + links.stages(python, RES) + [
+    ("hvdp vs DDP's hooks (three links)", lambda: python([os.path.join(HERE, "peers.py")], timeout=5400)),
     ("peak memory of a step (50M params)", lambda: python([os.path.join(HERE, "memory_bench.py"),
                                                             "--json-out", os.path.join(RES, "memory.json")])),
     ("convergence (CNN + GPT, 3 seeds)", lambda: python([os.path.join(HERE, "convergence.py"),
@@ -99,6 +101,7 @@ def report(elapsed):
     for k in ("fp16", "bf16"):
         rows.append((f"wire bytes {k} ÷ fp32, P=2", f"{cb['wire'][f'{k}@2'][0]:.4f}", "—", None))
     rows += links.rows(load)
+    rows += peers.target_rows()
     sl = load(os.path.basename(links.path(RES, "1gbit")))
     for k, m in load("memory.json").items():
         sm = m["summary"]

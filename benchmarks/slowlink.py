@@ -8,6 +8,7 @@ A throttled rate needs root (namespace + tc). Traffic stays on the namespace's l
 namespace is deleted afterwards, also on failure, Ctrl-C or SIGTERM.
 """
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -46,6 +47,56 @@ print({mib} * 8 * 1.048576e6 / (time.perf_counter() - t0) / 1e9)
     return float(r.stdout.strip()) if r.returncode == 0 else None
 
 
+def unavailable(rate, isolate=False):
+    """Why a link cannot be made here (None: it can). A throttled link, or an isolated one, needs
+    root and iproute2 (a network namespace, a tc qdisc)."""
+    if rate.lower() == "none" and not isolate:
+        return None
+    if os.geteuid() != 0:
+        return "not root"
+    if not shutil.which("ip") or not shutil.which("tc"):
+        return "iproute2 (ip, tc) missing: apt-get install iproute2"
+    return None
+
+
+@contextlib.contextmanager
+def link(rate, isolate=False):
+    """A loopback limited to ``rate`` (tc's notation; "none": unthrottled) for the commands run
+    under the yielded prefix; yields ``(prefix, measured Gbit/s)``. ``isolate``: a namespace even
+    when unthrottled, so that its loopback's counters count the job's traffic alone."""
+    throttled = rate.lower() != "none"
+    ns = f"hvdpbench{os.getpid()}" if (throttled or isolate) else None
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the finally below
+    try:
+        if ns:
+            sh("ip", "netns", "add", ns)
+            sh("ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up")
+        if throttled:
+            sh("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", "lo", "root", "tbf", "rate", rate,
+               "burst", "256kb", "latency", "100ms")
+        yield (["ip", "netns", "exec", ns] if ns else []), measure_rate(ns)
+    finally:
+        if ns:
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=60)
+
+
+def run_job(prefix, script, args, timeout=900):
+    """``horovodrun -np 2 --gloo`` of a benchmark script (which writes ``--json-out``) under
+    ``prefix``; returns its JSON."""
+    out = os.path.join(HERE, f".job{os.getpid()}.json")
+    env = dict(os.environ, OMP_NUM_THREADS="1", HOROVOD_GLOO_IFACE="lo", TF_CPP_MIN_LOG_LEVEL="2",
+               PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
+    cmd = prefix + [shutil.which("horovodrun", path=env["PATH"]), "-np", "2", "-H", "localhost:2", "--gloo",
+                    sys.executable, os.path.join(HERE, script)] + args + ["--json-out", out]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    if r.returncode != 0:
+        raise SystemExit(f"{script} failed:\n{(r.stdout + r.stderr)[-3000:]}")
+    with open(out) as f:
+        res = json.load(f)
+    os.remove(out)
+    return res
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rate", default="1gbit")
@@ -53,44 +104,21 @@ def main():
     ap.add_argument("--codecs", default="none,fp16,bf16,int8,auto")
     ap.add_argument("--width", type=int, default=2560, help="2560: ~26 MB of float32 gradients")
     a = ap.parse_args()
-    throttled = a.rate.lower() != "none"
-    if throttled and os.geteuid() != 0 or not shutil.which("ip") or not shutil.which("tc"):
-        why = "not root" if os.geteuid() != 0 else "iproute2 (ip, tc) missing: apt-get install iproute2"
+    why = unavailable(a.rate)
+    if why:
         print(f"SKIP slow link: {why}; it needs a network namespace and a tc qdisc")
         with open(a.json_out, "w") as f:
             json.dump({"skipped": why}, f)
         return
-    ns = f"hvdpbench{os.getpid()}"
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the finally below
-    try:
-        if throttled:
-            sh("ip", "netns", "add", ns)
-            sh("ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up")
-            sh("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", "lo", "root", "tbf", "rate", a.rate,
-               "burst", "256kb", "latency", "100ms")
-        gbit = measure_rate(ns if throttled else None)
-        out = a.json_out + ".step.json"
-        env = dict(os.environ, OMP_NUM_THREADS="1", HOROVOD_GLOO_IFACE="lo", TF_CPP_MIN_LOG_LEVEL="2",
-                   PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
-        cmd = (["ip", "netns", "exec", ns] if throttled else []) + [
-               shutil.which("horovodrun", path=env["PATH"]), "-np", "2",
-               "-H", "localhost:2", "--gloo", sys.executable, os.path.join(HERE, "step_bench.py"),
-               "--codecs", a.codecs, "--width", str(a.width), "--depth", "1", "--batch", "16",
-               "--iters", "8", "--batches", "3", "--json-out", out,
-               "--warmup", "11"]  # auto: probe + its trial (3 plans x 3 steps) before the timed steps
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
-        if r.returncode != 0:
-            raise SystemExit(f"slow-link run failed:\n{(r.stdout + r.stderr)[-3000:]}")
-        with open(out) as f:
-            res = json.load(f)
-        os.remove(out)
-        res.update(rate=a.rate, measured_gbit_s=gbit, grad_mb=4 * res["params"] / 1e6)
-        with open(a.json_out, "w") as f:
-            json.dump(res, f, indent=1)
-        print(json.dumps(res))
-    finally:
-        if throttled:
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=60)
+    with link(a.rate) as (prefix, gbit):
+        res = run_job(prefix, "step_bench.py", [
+            "--codecs", a.codecs, "--width", str(a.width), "--depth", "1", "--batch", "16",
+            "--iters", "8", "--batches", "3",
+            "--warmup", "11"])  # auto: probe + its trial (3 plans x 3 steps) before the timed steps
+    res.update(rate=a.rate, measured_gbit_s=gbit, grad_mb=4 * res["params"] / 1e6)
+    with open(a.json_out, "w") as f:
+        json.dump(res, f, indent=1)
+    print(json.dumps(res))
 
 
 if __name__ == "__main__":

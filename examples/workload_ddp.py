@@ -1,0 +1,50 @@
+"""The peers hvdp is compared with: torch DDP over Gloo with one of its communication hooks, in
+the same horovodrun job (Horovod gives the rank and size; DDP's process group is made here).
+
+    --ddp-hook none | fp16 | bf16 | powersgd1 | powersgd4
+
+``bf16`` is DDP's ``bf16_compress_hook``: DDP accepts it with NCCL on CUDA only and refuses it on
+Gloo (its message is passed on). PowerSGD (``powerSGD_hook``: rank-r approximation of every matrix
+gradient with error feedback and warm start; vectors travel uncompressed) runs plain allreduce for
+its first ``--powersgd-start`` steps, as its documentation recommends.
+"""
+import os
+
+import torch
+import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+
+import hvdp.torch as hvd
+
+HOOKS = ("none", "fp16", "bf16", "powersgd1", "powersgd4")
+
+
+def add_ddp_args(p):
+    p.add_argument("--ddp-hook", choices=HOOKS, help="train with torch DDP and this communication hook "
+                   "instead of hvdp (the peers' comparison)")
+    p.add_argument("--powersgd-start", type=int, default=10, help="PowerSGD's start_powerSGD_iter")
+
+
+def init_process_group():
+    """DDP's Gloo process group over the ranks horovodrun started (once per process)."""
+    if not dist.is_initialized():
+        addr = os.environ.get("HVDP_DDP_ADDR", "127.0.0.1")
+        port = os.environ.get("HVDP_DDP_PORT", "29557")
+        dist.init_process_group("gloo", init_method=f"tcp://{addr}:{port}", rank=hvd.rank(),
+                                world_size=hvd.size())
+
+
+def wrap(model, hook, seed=0, powersgd_start=10):
+    """``model`` in DDP with ``hook`` registered; the name that describes it."""
+    init_process_group()
+    ddp = torch.nn.parallel.DistributedDataParallel(model, broadcast_buffers=False)
+    if hook == "fp16":
+        ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    elif hook == "bf16":
+        ddp.register_comm_hook(None, default_hooks.bf16_compress_hook)  # raises on Gloo
+    elif hook.startswith("powersgd"):
+        state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=int(hook[8:]),
+                                            start_powerSGD_iter=powersgd_start, use_error_feedback=True,
+                                            warm_start=True, random_seed=seed)
+        ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+    return ddp, f"ddp+{hook}" if hook != "none" else "ddp"
