@@ -33,7 +33,8 @@ doctor: setup
 	$(PY) -m hvdp doctor
 
 # CNN + GPT, 2 workers, 3 seeds, 8 codec settings (benchmarks/results/convergence.{json,png});
-# about 20 min on a quiet 2-core machine; also a stage of `make bench`
+# ~33 CPU-minutes (about 17 min on two idle cores, estimated; 24 min per seed on the loaded
+# machine, seeds in parallel); also a stage of `make bench`
 convergence: setup
 	$(PY) benchmarks/convergence.py
 
