@@ -30,7 +30,7 @@ CONFIGS = [
     ("topk 1%, no EF", ["--compression", "topk", "--topk-ratio", "0.01", "--no-error-feedback"]),
     ("auto", ["--compression", "auto"]),  # only where hvdp.torch offers it (checked by the worker)
 ]
-# the study's sizes (the examples' defaults are larger): ~20 min on a quiet 2-core machine
+# the study's sizes (the examples' defaults are larger): ~33 CPU-minutes for 3 seeds, measured (README)
 WORKLOADS = {
     "cnn": {"script": "torch_cnn.py", "metric": "test_accuracy", "label": "test accuracy",
             "args": lambda scale: ["--epochs", str(8 * scale), "--batch-size", "32"]},
