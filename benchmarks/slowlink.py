@@ -114,7 +114,7 @@ def main():
         res = run_job(prefix, "step_bench.py", [
             "--codecs", a.codecs, "--width", str(a.width), "--depth", "1", "--batch", "16",
             "--iters", "8", "--batches", "3",
-            "--warmup", "11"])  # auto: probe + its trial (3 plans x 3 steps) before the timed steps
+            "--warmup", "14"])  # auto: probe + its trial (3 plans x (3 + 1) steps) before the timed ones
     res.update(rate=a.rate, measured_gbit_s=gbit, grad_mb=4 * res["params"] / 1e6)
     with open(a.json_out, "w") as f:
         json.dump(res, f, indent=1)

@@ -14,7 +14,8 @@ before the first collective of every step and :meth:`Chooser.step_done` at the e
    earlier one (none, then the proposal) unless a later one beats it by more than the margin.
    This is the guard that auto never loses to none by more than noise: the probe's model
    ignores overlap and load, the trial does not. The trial steps are training steps (nothing is
-   repeated); their cost is at most 2K steps at a slower choice.
+   repeated); their cost is at most 2K + 2 steps at a slower choice. The first step of each plan
+   is not counted: it pays one-time costs (Horovod negotiating new names, new buffers).
 3. final: the kept choice, until invalidated.
 
 All ranks reach ``ensure`` at the same point of the same step, so the probe's collectives and
@@ -44,7 +45,7 @@ class Chooser:
     """
 
     __slots__ = ("settings", "table", "proposal", "choices", "stale", "phase", "_plans", "_times",
-                 "_last", "trial", "probes", "probe_wall_s")
+                 "_last", "_skip", "trial", "probes", "probe_wall_s")
 
     def __init__(self, settings):
         # settings
@@ -58,6 +59,7 @@ class Chooser:
         self._plans: List[tuple] = []           # (name, {bucket: codec or "none"}) on trial
         self._times: List[List[float]] = []
         self._last: Optional[float] = None
+        self._skip = False                      # the next step is a plan's first: not counted
         # statistics
         self.trial: Optional[dict] = None
         self.probes = 0
@@ -73,8 +75,9 @@ class Chooser:
     def step_done(self, now: Optional[float] = None) -> None:
         """End of a step: its time counts for the trial's current phase."""
         now = time.perf_counter() if now is None else now
-        if self.phase is not None and self._last is not None:
+        if self.phase is not None and self._last is not None and not self._skip:
             self._times[self.phase].append(now - self._last)
+        self._skip = False
         self._last = now
 
     def ensure(self, buckets: Mapping[str, int], reducer, world: int,
@@ -92,6 +95,7 @@ class Chooser:
         elif self.phase is not None and len(self._times[self.phase]) >= k:
             if self.phase + 1 < len(self._plans):
                 self.phase += 1
+                self._skip = True
                 self._use(reducer, self._plans[self.phase][1])
             else:
                 self._verdict(reducer, gather)

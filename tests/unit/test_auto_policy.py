@@ -231,7 +231,7 @@ class _Recorder:
         self.runs.append({b: c.name for b, c in choice.items()})
 
 
-def _drive(settings, step_s, other_rank_s=None, world=2, steps=12, buckets=None):
+def _drive(settings, step_s, other_rank_s=None, world=2, steps=14, buckets=None):
     """Run a chooser for ``steps`` steps whose time is ``step_s(codec names)``."""
     ch, red = Chooser(settings), _Recorder()
     probes = []
@@ -307,7 +307,7 @@ def test_no_trial_without_compression_or_when_told():
 
 
 def test_invalidate_probes_and_tries_again():
-    ch, red, probes = _drive(Auto(trial_steps=1), lambda run: 0.1 if run["b0"] == "int8" else 0.2, steps=6)
+    ch, red, probes = _drive(Auto(trial_steps=1), lambda run: 0.1 if run["b0"] == "int8" else 0.2, steps=8)
     assert ch.settled and len(probes) == 1
     ch.invalidate()
     ch.ensure({"b0": 4_000_000}, red, 2, lambda s: probes.append(s) or table(gbit=1.0), lambda d, n: [d])

@@ -94,7 +94,7 @@ def check_trial():
     sl = my_slice(len(x))
     opt = make_opt(model, "auto", "trial")
     k = hvd.Compression.auto.trial_steps
-    for _ in range(3 * k + 2):  # the probe's step, up to 3 plans of k steps, the verdict
+    for _ in range(3 * k + 4):  # the probe's step, 3 plans of k steps (+1 not counted), the verdict
         step(model, opt, x[sl], y[sl])
     stats = opt.compression_stats()["auto"]
     assert stats["decided"], stats
