@@ -30,6 +30,8 @@ def variable_entries(variables, names):
 
 def compression_name(reducer) -> str:
     c = getattr(reducer, "hvd_compressor", None)
+    if getattr(reducer, "auto_settings", None) is not None:  # the setting, not one rank's measurements
+        return str(reducer.auto_settings)
     return str(reducer.codec) if c is None else f"horovod:{getattr(c, '__qualname__', type(c).__name__)}"
 
 

@@ -72,7 +72,10 @@ class _Distributed:
 
     def compression_stats(self):
         """Bytes handed to collectives per update step by codec, vs a float32 ring allreduce."""
-        return dict(self._hvdp.stats(), codec=compression_name(self._hvdp))
+        out = dict(self._hvdp.stats(), codec=compression_name(self._hvdp))
+        if self._hvdp.auto is not None:  # compression="auto": the codec chosen and why
+            out["auto"] = self._hvdp.auto
+        return out
 
 
 def _make_reducer(compression, policy, op, gradient_predivide_factor, sparse_as_dense, process_set, prefix):

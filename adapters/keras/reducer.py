@@ -9,7 +9,10 @@ from hvdp.plan import make_plan
 from hvdp.stats import WireStats, ring_allreduce_bytes, two_phase_bytes
 from hvdp.twophase import TwoPhaseReducer
 
+from hvdp.codecs.auto import Auto
+
 from .agreement import check_reducer
+from .autochoice import choose
 from .backend import BACKEND as B
 from .join import joined_cond
 
@@ -32,6 +35,8 @@ class GradientReducer:
         self.uneven_inputs = False  # hvdp.join: switch two-phase buckets to allreduce when a rank joined
         self.hvd_compressor = None  # a Horovod Compressor: compress, sum, decompress (as Horovod)
         self.plan = None
+        self.auto_settings = codec if isinstance(codec, Auto) else None  # compression="auto"
+        self.auto = None  # its decision and figures, once built
 
     def build(self, variables):
         if self.plan is not None:
@@ -41,6 +46,8 @@ class GradientReducer:
         self.shapes = [tuple(v.shape) for v in variables]
         self.numels = [int(math.prod(v.shape)) for v in variables]
         floating = [_dtype(v) in _FLOATS for v in variables]
+        if self.auto_settings is not None:  # one codec for the model, measured now (eager)
+            self.codec = choose(self, self.auto_settings, floating)
         two_phase = not self.codec.summable
         self.plan = make_plan(self.names, self.numels, floating, self.policy, two_phase)
         ef = self.policy.error_feedback

@@ -41,3 +41,23 @@ def test_auto_through_elastic_resizes(tmp_path, monkeypatch):
     steps, _ = eh.audit(str(tmp_path), 1347, 3)
     sizes = [s["size"] for s in steps]
     assert sizes[0] == 2 and 3 in sizes and sizes[-1] == 2, sizes
+
+
+# hvdp.keras: one codec for the model, chosen when the optimizer is built (TF on both
+# controllers, the torch backend over Gloo)
+KERAS_JOBS = [("gloo", "tensorflow"), ("mpi", "tensorflow"), ("gloo", "torch")]
+KERAS_CHECKS = ["probe", "forced", "disagreement"]
+
+
+@functools.lru_cache(maxsize=None)
+def run_keras(controller, backend):
+    return horovodrun([os.path.join(WORKERS, "auto_keras.py")] + KERAS_CHECKS, controller=controller,
+                      timeout=400, env={"KERAS_BACKEND": backend})
+
+
+@pytest.mark.parametrize("controller,backend", KERAS_JOBS)
+@pytest.mark.parametrize("check", KERAS_CHECKS)
+def test_auto_keras(controller, backend, check):
+    rc, out = run_keras(controller, backend)
+    assert checks_passed(out).get(check) == {"0", "1"}, \
+        f"check {check} not passed on both ranks ({backend}, rc={rc}):\n{out[-4000:]}"
