@@ -29,6 +29,10 @@ CONFIGS = [
     ("topk 1% + EF", ["--compression", "topk", "--topk-ratio", "0.01"]),
     ("topk 1%, no EF", ["--compression", "topk", "--topk-ratio", "0.01", "--no-error-feedback"]),
     ("auto", ["--compression", "auto"]),  # only where hvdp.torch offers it (checked by the worker)
+    # the peers (issue 16), CNN only: torch DDP over Gloo with its hooks (its bf16 hook needs NCCL)
+    ("DDP + fp16 hook", ["--ddp-hook", "fp16"]),
+    ("DDP + PowerSGD r=4", ["--ddp-hook", "powersgd4"]),
+    ("DDP + PowerSGD r=1", ["--ddp-hook", "powersgd1"]),
 ]
 # the study's sizes (the examples' defaults are larger): ~33 CPU-minutes for 3 seeds, measured (README)
 WORKLOADS = {
@@ -51,6 +55,8 @@ def worker(name, seeds, scale, out_dir):
     main = importlib.import_module(wl["script"][:-3]).main
     for i, (label, args) in enumerate(CONFIGS):
         if args[1] == "auto" and not hasattr(hvd.Compression, "auto"):
+            continue
+        if args[0] == "--ddp-hook" and name != "cnn":  # the GPT's accumulation has no DDP path here
             continue
         for s in seeds:
             out = os.path.join(out_dir, f"{name}-{i}-{s}.json")

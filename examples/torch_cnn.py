@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 import hvdp.torch as hvd
 from workload_data import digits_images, shift_batch
+from workload_ddp import add_ddp_args, nominal_wire_ratio, wrap
 from workload_torch import (add_compression_args, average_buffers, compression_kwargs, progress,
                             ranks_max_diff, summary_line, write_json)
 
@@ -30,6 +31,7 @@ def parse_args(argv=None):
     p.add_argument("--sync-bn", action="store_true", help="batch statistics over all workers' "
                    "samples: Horovod's SyncBatchNorm on a GPU, CpuSyncBatchNorm on CPU")
     add_compression_args(p)
+    add_ddp_args(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json-out", help="rank 0 writes the final figures and curves here")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -106,9 +108,13 @@ def main(argv=None):
     xte, yte, ytr_t = torch.from_numpy(xte), torch.from_numpy(yte), torch.from_numpy(ytr)
     model = make_model(args.width, args.sync_bn)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr * hvd.size(), momentum=0.9, weight_decay=5e-4)
-    opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(), **compression_kwargs(args))
-    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    if args.ddp_hook:  # the peers' comparison: torch DDP with one of its hooks instead of hvdp
+        ratio = nominal_wire_ratio(model, args.ddp_hook)
+        model, codec = wrap(model, args.ddp_hook, args.seed, args.powersgd_start)
+    else:
+        opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(), **compression_kwargs(args))
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        hvd.broadcast_optimizer_state(opt, root_rank=0)
 
     global_batch = args.batch_size * hvd.size()
     steps = len(xtr) // global_batch
@@ -150,7 +156,10 @@ def main(argv=None):
     elapsed = time.perf_counter() - t0
     curve = hvd.allreduce(torch.tensor(losses), op=hvd.Average, name="loss_curve").tolist()
     diff = ranks_max_diff(model)
-    codec, ratio, line = summary_line(opt)
+    if args.ddp_hook:
+        line = f"compression {codec} (a DDP hook): wire bytes {ratio:.3f} of float32 (nominal)"
+    else:
+        codec, ratio, line = summary_line(opt)
     if hvd.rank() == 0:
         print(f"test accuracy {acc:.4f}  test loss {test_loss:.4f}  |  {step * global_batch / elapsed:.0f} "
               f"samples/s over {hvd.size()} worker(s)  |  {line}  |  ranks differ by {diff:.3g}", flush=True)

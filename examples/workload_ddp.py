@@ -48,3 +48,21 @@ def wrap(model, hook, seed=0, powersgd_start=10):
                                             warm_start=True, random_seed=seed)
         ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
     return ddp, f"ddp+{hook}" if hook != "none" else "ddp"
+
+
+def nominal_wire_ratio(model, hook):
+    """Bytes the hook sends per step ÷ a float32 allreduce's, once PowerSGD's warm-up is over:
+    fp16/bf16 halve every gradient; PowerSGD rank r sends r(n + m) numbers for an n x m matrix
+    (a conv weight is viewed as out x rest) when that is at most half of n*m (its default
+    min_compression_rate 2), and every other gradient whole."""
+    full = sum(p.numel() for p in model.parameters())
+    if hook in ("fp16", "bf16"):
+        return 0.5
+    if not hook.startswith("powersgd"):
+        return 1.0
+    r, sent = int(hook[8:]), 0
+    for p in model.parameters():
+        n = p.shape[0] if p.dim() > 1 else 0
+        m = p.numel() // n if n else 0
+        sent += r * (n + m) if n and 2 * r * (n + m) <= n * m else p.numel()
+    return sent / full
