@@ -25,6 +25,7 @@ import hvdp.torch as hvd
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import mean_ci, ratio_ci, time_batches  # noqa: E402
+from step_bench import build_model  # noqa: E402  (the same model as the step stages)
 
 LO_TX = "/sys/class/net/lo/statistics/tx_bytes"
 
@@ -32,13 +33,6 @@ LO_TX = "/sys/class/net/lo/statistics/tx_bytes"
 def tx_bytes():
     with open(LO_TX) as f:
         return int(f.read())
-
-
-def build_model(width, depth):
-    layers = []
-    for _ in range(depth):
-        layers += [torch.nn.Linear(width, width), torch.nn.ReLU()]
-    return torch.nn.Sequential(*layers, torch.nn.Linear(width, 10))
 
 
 def ddp_contenders(base, powersgd_ranks, start, refused):
