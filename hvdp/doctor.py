@@ -172,9 +172,10 @@ def kernel_paths(ops=None, like=None, names=("int8", "bf16", "topk")) -> list:
     return lines
 
 
+# run by a child interpreter (the core itself imports no framework)
 _CUDA_KERNEL_PROBE = r"""
-import json
-import torch
+import importlib, json
+torch = importlib.import_module("torch")
 if not torch.cuda.is_available():
     print(json.dumps({"lines": []})); raise SystemExit
 import hvdp.torch  # registers the CUDA kernels
