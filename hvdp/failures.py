@@ -12,6 +12,12 @@ job, which only ranks on the same host share. No board, or a rank killed without
 write (SIGKILL, OOM killer), or a stall shutdown: the survivor says that nobody reported.
 ``HVDP_FAILURE_BOARD=0`` turns the reports off.
 
+The launcher stops every other worker as soon as the failing one exits, which can be before a
+survivor has printed its explanation. So a rank that failed with an uncaught error shuts Horovod
+down itself (the survivors' collectives fail at once) and then *lingers*: it waits, at most
+``linger_s``, until every other rank has left a "done" mark on the board (a survivor marks after
+its exception hook has printed; a rank that failed itself marks when it reports).
+
 Example::
 
     reporter = FailureReporter(get_rank=hvd.rank)
@@ -24,6 +30,7 @@ Example::
 """
 from __future__ import annotations
 
+import atexit
 import hashlib
 import json
 import os
@@ -41,6 +48,8 @@ from .config import HVDP_FAILURE_BOARD
 SHUTDOWN_TEXT = "Horovod has been shut down"
 MAX_TEXT = 600          # characters of the failing exception kept in a report
 MAX_AGE_S = 300         # an older report is from an earlier, recovered failure (elastic)
+LINGER_S = 3.0          # the adapters' default linger of a failed rank (not elastic)
+DONE_SLACK_S = 30       # a "done" mark this much older than the failing rank's report is stale
 KV_SCOPE = "hvdp_failures"
 
 
@@ -48,21 +57,35 @@ class KVBoard:
     """horovodrun's rendezvous HTTP store (Gloo): one key holds the latest report."""
 
     def __init__(self, addr: str, port: int, timeout: float = 2.0):
-        self.url = f"http://{addr}:{port}/{KV_SCOPE}/latest"
+        self.base = f"http://{addr}:{port}/{KV_SCOPE}"
+        self.url = f"{self.base}/latest"
         self.timeout = timeout
 
-    def post(self, rank: int, data: bytes) -> None:
-        req = urllib.request.Request(self.url, data=data, method="PUT")
+    def _put(self, url: str, data: bytes) -> None:
+        req = urllib.request.Request(url, data=data, method="PUT")
         urllib.request.urlopen(req, timeout=self.timeout).close()
 
-    def read(self) -> List[bytes]:
+    def _get(self, url: str) -> Optional[bytes]:
         try:
-            with urllib.request.urlopen(self.url, timeout=self.timeout) as r:
-                return [r.read()]
-        except urllib.error.HTTPError as e:  # 404: nobody reported
+            with urllib.request.urlopen(url, timeout=self.timeout) as r:
+                return r.read()
+        except urllib.error.HTTPError as e:  # 404: not there
             if e.code == 404:
-                return []
+                return None
             raise
+
+    def post(self, rank: int, data: bytes) -> None:
+        self._put(self.url, data)
+
+    def read(self) -> List[bytes]:
+        got = self._get(self.url)
+        return [] if got is None else [got]
+
+    def mark_done(self, rank: int, data: bytes) -> None:
+        self._put(f"{self.base}/done-{rank}", data)
+
+    def read_done(self, rank: int) -> Optional[bytes]:
+        return self._get(f"{self.base}/done-{rank}")
 
 
 class DirBoard:
@@ -71,12 +94,25 @@ class DirBoard:
     def __init__(self, path: str):
         self.path = path
 
-    def post(self, rank: int, data: bytes) -> None:
+    def _write(self, name: str, data: bytes) -> None:
         os.makedirs(self.path, exist_ok=True)
-        tmp = os.path.join(self.path, f".rank-{rank}.{os.getpid()}")
+        tmp = os.path.join(self.path, f".{name}.{os.getpid()}")
         with open(tmp, "wb") as f:
             f.write(data)
-        os.replace(tmp, os.path.join(self.path, f"rank-{rank}.json"))
+        os.replace(tmp, os.path.join(self.path, name))
+
+    def post(self, rank: int, data: bytes) -> None:
+        self._write(f"rank-{rank}.json", data)
+
+    def mark_done(self, rank: int, data: bytes) -> None:
+        self._write(f"done-{rank}.json", data)
+
+    def read_done(self, rank: int) -> Optional[bytes]:
+        try:
+            with open(os.path.join(self.path, f"done-{rank}.json"), "rb") as f:
+                return f.read()
+        except FileNotFoundError:
+            return None
 
     def read(self) -> List[bytes]:
         try:
@@ -163,13 +199,24 @@ class FailureReporter:
         board: where reports go; default from the environment (:func:`board_from_env`).
         wait_s: how long a survivor looks for a report before saying none came. The failing
             rank writes before it shuts Horovod down, so the report is normally there at once.
+        get_size: the job's size (read at ``install``); without it a failing rank does not linger.
+        shutdown: shuts Horovod down (a failing rank calls it before it lingers).
+        linger_s: how long a rank whose uncaught error was reported waits for the others' "done"
+            marks before it exits (0: no wait; elastic jobs reset instead of stopping).
     """
 
-    def __init__(self, get_rank: Callable[[], int], board=None, wait_s: float = 1.0):
+    def __init__(self, get_rank: Callable[[], int], board=None, wait_s: float = 1.0,
+                 get_size: Optional[Callable[[], int]] = None,
+                 shutdown: Optional[Callable[[], None]] = None, linger_s: float = 0.0):
         # settings
         self._get_rank, self._board, self.wait_s = get_rank, board, wait_s
+        self._get_size, self._shutdown, self.linger_s = get_size, shutdown, linger_s
         # internal state
         self._rank: Optional[int] = None
+        self._size: Optional[int] = None
+        self._reported_at: Optional[float] = None  # when this rank left its own report
+        self._explained_any = False                # this rank explained another's failure
+        self._done = False                         # this rank's "done" mark is on the board
         self._installed = False
 
     @property
@@ -196,10 +243,53 @@ class FailureReporter:
         rank, board = self.rank(), self.board
         if board is None or rank is None:
             return
+        now = time.time()
         try:
-            board.post(rank, make_report(rank, exc, where))
+            board.post(rank, make_report(rank, exc, where, now))
         except Exception:  # the report is a courtesy: never hide the real error behind it
+            return
+        self._reported_at = now
+        self.mark_done()  # another failing rank need not wait for this one
+
+    def mark_done(self) -> None:
+        """Tell a lingering failed rank that this rank has said what it had to say; never raises."""
+        rank, board = self._rank, self.board
+        if self._done or board is None or rank is None:
+            return
+        self._done = True
+        try:
+            board.mark_done(rank, json.dumps({"rank": rank, "time": time.time()}).encode())
+        except Exception:
             pass
+
+    def linger(self) -> float:
+        """After this rank reported its own failure: shut Horovod down, then wait (at most
+        ``linger_s``) until every other rank is done. Returns the seconds waited."""
+        if self._reported_at is None or self.linger_s <= 0 or not self._size or self._size <= 1:
+            return 0.0
+        board = self.board
+        if board is None:
+            return 0.0
+        if self._shutdown is not None:
+            try:
+                self._shutdown()
+            except Exception:
+                pass
+        t0 = time.monotonic()
+        waiting = set(range(self._size)) - {self._rank}
+        while waiting and time.monotonic() - t0 < self.linger_s:
+            for r in sorted(waiting):
+                try:
+                    mark = board.read_done(r)
+                    fresh = mark is not None and \
+                        float(json.loads(mark)["time"]) >= self._reported_at - DONE_SLACK_S
+                except Exception:
+                    fresh = False
+                if fresh:
+                    waiting.discard(r)
+            if waiting:
+                time.sleep(0.05)
+        return time.monotonic() - t0
 
     def reports(self) -> List[dict]:
         board, rank = self.board, self.rank()
@@ -224,6 +314,7 @@ class FailureReporter:
         if getattr(exc, "_hvdp_explained", False):
             return exc
         msg = explain(str(exc), self.reports(), self.rank())
+        self._explained_any = True
         try:
             new = type(exc)(msg)
         except Exception:
@@ -248,6 +339,11 @@ class FailureReporter:
             return
         self._installed = True
         self.rank()
+        if self._get_size is not None:
+            try:
+                self._size = int(self._get_size())
+            except Exception:
+                pass
         previous = sys.excepthook
 
         def hook(tp, value, tb):
@@ -257,5 +353,12 @@ class FailureReporter:
             elif value is not None:
                 self.report(value, "uncaught in the training script")
             previous(tp, value, tb)
+            sys.stderr.flush()
+            if value is not None and is_consequence(value):
+                self.mark_done()  # printed: a lingering failed rank may go
+            self.linger()
 
         sys.excepthook = hook
+        # a survivor that caught the explained error and exits on its own is done too; atexit runs
+        # this before Horovod's own shutdown (registered earlier, by hvd.init)
+        atexit.register(lambda: self.mark_done() if self._explained_any else None)

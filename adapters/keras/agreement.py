@@ -6,12 +6,14 @@ import horovod
 import numpy as np
 
 from hvdp import __version__, agreement
-from hvdp.failures import FailureReporter
+from hvdp.failures import LINGER_S, FailureReporter
 
 from .backend import BACKEND as B
 
 VERSIONS = {"hvdp": __version__, "horovod": horovod.__version__}
-REPORTER = FailureReporter(B.hvd.rank)
+_ELASTIC = os.environ.get("HOROVOD_ELASTIC") == "1"
+REPORTER = FailureReporter(B.hvd.rank, get_size=B.hvd.size, shutdown=B.hvd.shutdown,
+                           linger_s=0.0 if _ELASTIC else LINGER_S)
 
 
 def allgather_fixed(process_set=B.hvd.global_process_set):

@@ -86,6 +86,52 @@ def test_excepthook_reports_causes_and_explains_shutdowns(tmp_path, monkeypatch,
     assert "rank 1" in err and "ZeroDivisionError: boom" in err and seen[-1] is s
 
 
+def _failed_rank(board, linger_s, calls):
+    r = FailureReporter(lambda: 1, board, get_size=lambda: 3, shutdown=lambda: calls.append("down"),
+                        linger_s=linger_s)
+    r._rank, r._size = 1, 3  # what install() reads while Horovod is up
+    r.report(ValueError("boom"), "x")
+    return r
+
+
+def test_a_failed_rank_lingers_until_the_others_are_done(tmp_path):
+    board, calls = DirBoard(str(tmp_path / "b")), []
+    failed = _failed_rank(board, linger_s=10.0, calls=calls)
+    survivors = [FailureReporter(lambda r=r: r, board, wait_s=0) for r in (0, 2)]
+    for s in survivors:
+        s.rank()
+
+    def finish():
+        for s in survivors:
+            s.explained(RuntimeError(SHUT))
+            s.mark_done()
+    timer = threading.Timer(0.3, finish)
+    timer.start()
+    waited = failed.linger()
+    timer.join()
+    assert calls == ["down"]              # Horovod shut down first: the survivors' collectives fail
+    assert 0.25 <= waited < 5.0, waited    # released by the marks, not by the bound
+
+
+def test_linger_is_bounded_and_ignores_stale_marks(tmp_path):
+    board, calls = DirBoard(str(tmp_path / "b")), []
+    board.mark_done(0, b'{"rank": 0, "time": 0.0}')   # from an earlier failure (elastic)
+    failed = _failed_rank(board, linger_s=0.4, calls=calls)
+    assert 0.4 <= failed.linger() < 3.0                # nobody marked: the bound ends it
+    assert FailureReporter(lambda: 0, board, linger_s=5.0).linger() == 0.0  # did not fail itself
+
+
+def test_failed_ranks_do_not_wait_for_each_other(tmp_path):
+    board = DirBoard(str(tmp_path / "b"))
+    a = _failed_rank(board, linger_s=10.0, calls=[])
+    b = FailureReporter(lambda: 0, board, get_size=lambda: 2, linger_s=10.0)
+    b.rank()
+    b._size = 2
+    b.report(ValueError("mine too"), "x")      # a rank that failed itself marks done when it reports
+    a._size = 2
+    assert a.linger() < 3.0 and b.linger() < 3.0
+
+
 class _Store(http.server.BaseHTTPRequestHandler):
     """The two verbs of horovodrun's rendezvous store that the board uses."""
     data = {}
@@ -124,6 +170,7 @@ def test_kv_board_roundtrip_and_env_choice(kv_store, tmp_path):
     assert isinstance(board, KVBoard) and board.read() == []
     FailureReporter(lambda: 1, board).report(OSError("disk full"), "x")
     assert "OSError: disk full" in str(FailureReporter(lambda: 0, board, wait_s=0).explained(RuntimeError(SHUT)))
+    assert board.read_done(0) is None and board.read_done(1) is not None  # marked by the report
     mpi = board_from_env({"PMIX_NAMESPACE": "job-7"})
     assert isinstance(mpi, DirBoard) and mpi.path == board_from_env({"PMIX_NAMESPACE": "job-7"}).path
     assert board_from_env({"PMIX_NAMESPACE": "job-7", "HVDP_FAILURE_BOARD": "0"}) is None
