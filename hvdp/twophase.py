@@ -7,10 +7,13 @@ decodes and sums in float32; it re-encodes that reduced chunk (keeping a server-
 and an ``allgather`` hands every rank every reduced chunk. All ranks decode the same bytes, so
 they end bit-identical. Per worker 2(P-1)/P * N * b bytes are sent (b bytes per element).
 
-Where fused kernels serve the codec on the bucket's device (``hvdp.kernels.select``; the ops'
-arrays must be writable in place), each phase is one kernel call per chunk: encode with the
-residual straight into the send buffer, decode-and-sum of the received payloads, decode straight
-into the result. Otherwise the codec's array ops run. Both paths give the same bits. The time of
+Where fused kernels serve the codec on the bucket's device (``hvdp.kernels.select``), each phase
+is one kernel call per chunk: encode with the residual straight into the send buffer,
+decode-and-sum of the received payloads, decode straight into the result. Arrays that cannot be
+written in place but can be read on the host (TensorFlow's eager tensors) are *staged*: each
+phase copies its input to numpy once, runs the kernels there and wraps the result (the path is
+then reported as e.g. ``cpu-c (host copies)``). Otherwise (a graph being traced, top-k, no
+compiler) the codec's array ops run. All paths give the same bits. The time of
 each phase (encode, wire wait, owner work, final decode) goes to ``WireStats``.
 """
 from __future__ import annotations
@@ -21,9 +24,11 @@ from typing import Any, Dict, Optional
 
 from .collectives import AVERAGE, Collectives
 from .kernels import registry as _kernels
+from .ops import NumpyOps
 from .stats import WireStats, ring_allreduce_bytes, two_phase_bytes
 
 Array = Any
+HOST_OPS = NumpyOps()  # the kernels' buffers when the framework's arrays are staged on the host
 
 
 def chunk_length(n: int, p: int, align: int) -> int:
@@ -64,6 +69,7 @@ class _Pending:
     own: Any = None        # this rank's own chunk as decoded for the residual: reused, not decoded again
     own_final: Any = None  # likewise for the reduced chunk this rank owns
     kernels: Any = None    # the fused kernels of this bucket, or None: array ops
+    staged: bool = False   # the kernels run on host (numpy) copies of the framework's arrays
 
 
 class TwoPhaseReducer:
@@ -88,19 +94,39 @@ class TwoPhaseReducer:
         # bucket; server side: the chunk this rank reduces)
         self.worker = worker_store if worker_store is not None else DictStore()
         self.server = server_store if server_store is not None else DictStore()
-        self._kernels: Dict[str, Any] = {}  # by device: kernels, or None (array ops)
+        self._kernels: Dict[str, Any] = {}  # by device: (kernels or None, staged)
 
     def kernels_for(self, like):
         """The fused kernels for buckets like ``like`` (chosen once per device and dtype), or None."""
+        return self._choose(like)[0]
+
+    def _choose(self, like):
         key = f"{type(like).__name__}:{getattr(like, 'device', '')}:{getattr(like, 'dtype', '')}"
         if key not in self._kernels:
-            k, why = None, [f"{self.ops.name} arrays are not written in place (ArrayOps.writable_views)"]
+            k, staged = None, False
             if getattr(self.ops, "writable_views", False):  # kernels write into the reducer's buffers
                 k, why = _kernels.explain(self.codec, self.ops, like)
-            self._kernels[key] = k
+            else:  # read-only arrays: the kernels may still run on host copies
+                host = self.ops.as_numpy(like) if hasattr(self.ops, "as_numpy") else None
+                if host is None:
+                    why = [f"{self.ops.name} arrays are not written in place and give no host copy here "
+                           "(a graph being traced, or not in host memory)"]
+                else:
+                    k, why = _kernels.explain(self.codec, HOST_OPS, host)
+                    staged = k is not None
+            self._kernels[key] = (k, staged)
             if self.stats is not None:
-                self.stats.path(self.codec.name, getattr(k, "path", "array ops"), "" if k else "; ".join(why))
+                path = getattr(k, "path", "array ops") + (" (host copies)" if staged else "")
+                self.stats.path(self.codec.name, path, "" if k else "; ".join(why))
         return self._kernels[key]
+
+    def _host(self, x, staged):
+        """x as the kernels' buffer: itself, or its host copy when staged."""
+        return self.ops.as_numpy(x) if (staged and x is not None) else x
+
+    def _back(self, a, staged):
+        """A kernel's host result as the framework's array."""
+        return self.ops.from_numpy(a) if staged else a
 
     def _time(self, phase, t0):
         if self.stats is not None:
@@ -145,20 +171,21 @@ class TwoPhaseReducer:
         store.set(name, self._finite_or_zero(x - decoded))
         return payload, decoded
 
-    def _chunk(self, flat, i, c, n):
+    def _chunk(self, flat, i, c, n, ops=None):
         """Chunk i of the zero-padded bucket, padding only the one chunk that needs it."""
+        ops = ops or self.ops
         lo, hi = i * c, (i + 1) * c
         if hi <= n:
             return flat[lo:hi]
         tail = flat[lo:n] if lo < n else flat[0:0]
-        return self.ops.cat([tail, self.ops.zeros(hi - max(lo, n), "float32", like=flat)])
+        return ops.cat([tail, ops.zeros(hi - max(lo, n), "float32", like=flat)])
 
     def start(self, name: str, flat: Array) -> _Pending:
-        k = self.kernels_for(flat)  # once per device (a first build compiles): not a phase's time
+        k, staged = self._choose(flat)  # once per device (a first build compiles): not a phase's time
         t0 = time.perf_counter()
         p, n = self.comm.size, self.ops.size(flat)
         c = chunk_length(n, p, self.codec.align)
-        send, own = self._encode_kernel(k, name, flat, n, c) if k is not None else \
+        send, own = self._encode_kernel(k, name, flat, n, c, staged) if k is not None else \
             self._encode_ops(name, flat, n, c)
         self._time("encode", t0)
         handle = self.comm.alltoall_async(send, f"hvdp.a2a.{name}") if p > 1 else send
@@ -166,26 +193,27 @@ class TwoPhaseReducer:
             nb = self.codec.payload_nbytes(c)
             self.stats.record(self.codec.name, n, handed=2 * p * nb, sent=two_phase_bytes(nb, p),
                               fp32=ring_allreduce_bytes(4 * n, p))
-        return _Pending(name, n, c, handle, own=own, kernels=k)
+        return _Pending(name, n, c, handle, own=own, kernels=k, staged=staged)
 
-    def _encode_kernel(self, k, name, flat, n, c):
+    def _encode_kernel(self, k, name, flat, n, c, staged=False):
         """Every chunk (+ its residual) encoded by one kernel call into the send buffer; the new
         residual is a new buffer (a snapshot of the old one stays valid)."""
-        ops, p = self.ops, self.comm.size
+        ops, p = (HOST_OPS if staged else self.ops), self.comm.size
+        flat = self._host(flat, staged)
         nb = self.codec.payload_nbytes(c)
         empty = getattr(ops, "empty", ops.zeros)  # every byte gets written
         send = empty(p * nb, "uint8", like=flat)
         prev = res = None
         if self.error_feedback:
-            prev = self.worker.get(name)
+            prev = self._host(self.worker.get(name), staged)
             prev = prev if prev is not None and ops.size(prev) == c * p else None
             res = empty(c * p, "float32", like=flat)
         for i in range(p):
-            k.encode(self._chunk(flat, i, c, n), prev=None if prev is None else prev[i * c:(i + 1) * c],
+            k.encode(self._chunk(flat, i, c, n, ops), prev=None if prev is None else prev[i * c:(i + 1) * c],
                      residual=None if res is None else res[i * c:(i + 1) * c], out=send[i * nb:(i + 1) * nb])
         if res is not None:
-            self.worker.set(name, res)
-        return send, None
+            self.worker.set(name, res)  # a graph framework's store assigns it to its variable
+        return self._back(send, staged), None
 
     def _encode_ops(self, name: str, flat: Array, n: int, c: int):
         # Chunk by chunk: the padded bucket, its corrected value and its decoded value never
@@ -225,16 +253,19 @@ class TwoPhaseReducer:
         scale = self.postscale / p if self.op == AVERAGE else self.postscale
         k = pend.kernels
         if k is not None:  # decode and sum in one pass, then encode with the server residual
-            acc = k.decode_sum(recv, p, c, scale)
+            staged = pend.staged
+            kops = HOST_OPS if staged else ops
+            acc = k.decode_sum(self._host(recv, staged), p, c, scale)
             pend.own = None
             if self.error_feedback:
-                prev = self.server.get(pend.name)
-                res = getattr(ops, "empty", ops.zeros)(c, "float32", like=acc)
-                payload = k.encode(acc, prev=prev if prev is not None and ops.size(prev) == c else None,
+                prev = self._host(self.server.get(pend.name), staged)
+                res = getattr(kops, "empty", kops.zeros)(c, "float32", like=acc)
+                payload = k.encode(acc, prev=prev if prev is not None and kops.size(prev) == c else None,
                                    residual=res)
                 self.server.set(pend.name, res)
             else:
                 payload = k.encode(acc)
+            payload = self._back(payload, staged)
         else:
             payload = self._exchange_ops(pend, recv, scale)
         self._time("owner", t0)
@@ -264,9 +295,13 @@ class TwoPhaseReducer:
         t0 = time.perf_counter()
         nb = self.codec.payload_nbytes(c)
         if pend.kernels is not None:  # straight into the result
-            out = getattr(ops, "empty", ops.zeros)(c * p, "float32", like=got)
+            kops = HOST_OPS if pend.staged else ops
+            got = self._host(got, pend.staged)
+            out = getattr(kops, "empty", kops.zeros)(c * p, "float32", like=got)
             for j in range(p):
                 pend.kernels.decode(got[j * nb:(j + 1) * nb], c, out=out[j * c:(j + 1) * c])
+            self._time("final_decode", t0)
+            return self._back(out[:pend.n], pend.staged)
         else:
             own, pend.own_final = pend.own_final, None
             out = ops.assemble(c * p, "float32", ((j * c, own if (j == self.comm.rank and own is not None)

@@ -17,3 +17,14 @@ def test_kernel_and_array_paths_train_the_same(controller):
     for name in ("kernels_int8", "kernels_bf16"):
         assert passed.get(name) == {"0", "1"}, f"{name} not passed on both ranks (rc={rc}):\n{out[-4000:]}"
     assert rc == 0, out[-4000:]
+
+
+@pytest.mark.parametrize("backend,controller", [("tensorflow", "gloo"), ("torch", "mpi")])
+def test_keras_kernel_and_array_paths_train_the_same(backend, controller):
+    """hvdp.keras: eager TF runs the kernels on host copies, Keras-on-torch on the tensors."""
+    rc, out = horovodrun([os.path.join(WORKERS, "kernels_paths_keras.py")], controller=controller,
+                         timeout=300, env={"KERAS_BACKEND": backend})
+    passed = checks_passed(out)
+    for name in ("keras_kernels_int8", "keras_kernels_bf16"):
+        assert passed.get(name) == {"0", "1"}, f"{name} not passed on both ranks (rc={rc}):\n{out[-4000:]}"
+    assert rc == 0, out[-4000:]

@@ -20,16 +20,30 @@ except Unavailable as e:
     pytest.skip(f"no C compiler: {e}", allow_module_level=True)
 
 
-def run(p, codec, ef, steps, grads, monkeypatch, kernels, op=AVERAGE, postscale=1.0):
+class HostCopyOps(NumpyOps):
+    """Like TensorFlow's eager tensors: arrays are never written in place, only copied to the
+    host and wrapped back (every array it hands out is read-only, so a write would raise)."""
+    writable_views = False
+
+    def as_numpy(self, x):
+        return np.array(x)
+
+    def from_numpy(self, a, like=None):
+        out = np.array(a)
+        out.setflags(write=False)
+        return out
+
+
+def run(p, codec, ef, steps, grads, monkeypatch, kernels, op=AVERAGE, postscale=1.0, ops=OPS):
     """Every step's results, wire buffers and residuals of P simulated workers."""
     monkeypatch.setenv("HVDP_KERNELS", "auto" if kernels else "off")
     g = FakeGroup(p)
     stats = [WireStats() for _ in range(p)]
-    rs = [TwoPhaseReducer(codec, OPS, c, ef, op, postscale, stats=s) for c, s in zip(g.comms, stats)]
+    rs = [TwoPhaseReducer(codec, ops, c, ef, op, postscale, stats=s) for c, s in zip(g.comms, stats)]
     history = []
     for step in range(steps):
         g.board.clear()
-        pend = [r.start("b0", grads[step][i].copy()) for i, r in enumerate(rs)]
+        pend = [r.start("b0", ops.from_numpy(grads[step][i].copy())) for i, r in enumerate(rs)]
         for r, pe in zip(rs, pend):
             r.exchange(pe)
         outs = [r.finish(pe) for r, pe in zip(rs, pend)]
@@ -37,7 +51,7 @@ def run(p, codec, ef, steps, grads, monkeypatch, kernels, op=AVERAGE, postscale=
             s.end_step()
         wire = {k: {rank: v.tobytes() for rank, v in parts.items()} for k, parts in g.board.items()}
         history.append((outs, wire, [r.worker_residual for r in rs], [r.server_residual for r in rs]))
-    want = "cpu-c" if kernels else "array ops"
+    want = ("cpu-c" if ops.writable_views else "cpu-c (host copies)") if kernels else "array ops"
     assert all(s.paths == {codec.name: want} for s in stats), [s.paths for s in stats]
     why = stats[0].summary()["paths_why"]
     assert why == ({} if kernels else {codec.name: "HVDP_KERNELS=off: the array ops run (unset it to use kernels)"})
@@ -100,15 +114,41 @@ def test_sum_op_postscale_and_old_snapshot_stay_valid(monkeypatch):
     np.testing.assert_array_equal(bits(got[0][2][0]["b0"]), bits(ref[0][2][0]["b0"]))
 
 
+@pytest.mark.parametrize("p", [1, 2, 3])
+@pytest.mark.parametrize("ef", [False, True])
+@pytest.mark.parametrize("codec", ["int8", "bf16"])
+def test_host_copies_path_equals_array_ops(p, ef, codec, monkeypatch):
+    """Read-only framework arrays (TF eager): kernels on host copies, the reference's bits."""
+    c = codecs.get(codec)
+    n, steps = 900 + 53 * p, 3
+    grads = grads_for(p, n, steps, seed=p + 100 * ef, nonfinite=(p == 3))
+    ref, _ = run(p, c, ef, steps, grads, monkeypatch, kernels=False)
+    got, _ = run(p, c, ef, steps, grads, monkeypatch, kernels=True, ops=HostCopyOps())
+    for step, ((o1, w1, wr1, sr1), (o2, w2, wr2, sr2)) in enumerate(zip(ref, got)):
+        assert w1 == w2, f"step {step}: different bytes on the wire"
+        for a, b in zip(o1, o2):
+            np.testing.assert_array_equal(bits(a), bits(b))
+        for r1, r2 in zip(wr1 + sr1, wr2 + sr2):
+            assert r1.keys() == r2.keys()
+            for k in r1:
+                np.testing.assert_array_equal(bits(r1[k]), bits(r2[k]))
+
+
 def test_reducer_keeps_array_ops_where_no_kernel(monkeypatch):
     monkeypatch.setenv("HVDP_KERNELS", "auto")
     g = FakeGroup(2)
     topk = TwoPhaseReducer(codecs.get("topk"), OPS, g.comms[0], True)
     assert topk.kernels_for(np.zeros(4, np.float32)) is None
 
-    class ReadOnlyOps(NumpyOps):  # like TF: kernels could read, never write into its arrays
+    class TracedOps(NumpyOps):  # like TF while a graph is traced: no data to copy to the host
         writable_views = False
 
-    r = TwoPhaseReducer(codecs.get("int8"), ReadOnlyOps(), g.comms[0], True)
+        def as_numpy(self, x):
+            return None
+
+    s = WireStats()
+    r = TwoPhaseReducer(codecs.get("int8"), TracedOps(), g.comms[0], True, stats=s)
     assert r.kernels_for(np.zeros(4, np.float32)) is None
-    assert registry.select(codecs.get("int8"), ReadOnlyOps(), np.zeros(4, np.float32)) is not None
+    assert s.paths == {"int8": "array ops"} and "give no host copy here" in s.paths_why["int8"]
+    assert TwoPhaseReducer(codecs.get("int8"), HostCopyOps(), g.comms[0], True).kernels_for(
+        np.zeros(4, np.float32)) is not None
