@@ -10,7 +10,7 @@ from conftest import CONTROLLERS, WORKERS, checks_passed, horovodrun
 
 pytestmark = pytest.mark.parallel
 
-CHECKS = ["two_optimizers", "bf16", "bf16_join", "noncontiguous", "requires_grad"]
+CHECKS = ["two_optimizers", "bf16", "bf16_join", "noncontiguous", "requires_grad", "fresh_state_broadcast"]
 
 
 @functools.lru_cache(maxsize=None)

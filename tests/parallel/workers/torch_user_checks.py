@@ -158,13 +158,53 @@ def _check_bf16_broadcast():
     hvd.broadcast_optimizer_state(sgd, root_rank=0)
     ranks_identical(list(model.parameters()), "bf16.bcast.params")
     ranks_identical([sgd.state[p]["momentum_buffer"] for p in model.parameters()], "bf16.bcast.sgd")
-    # a fresh hvdp Adam: the broadcast creates its (bf16) state first
-    adam = hvd.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=1e-3),
-                                    named_parameters=model.named_parameters(), compression="int8")
+    # Adam with state on the root only (a checkpoint loaded there): the others create theirs (bf16)
+    # without moving their parameters, then get the root's
+    adam = torch.optim.Adam(model.parameters(), lr=1e-3)
+    if hvd.rank() == 0:
+        ce(model(x[:4].bfloat16()), y[:4]).backward()
+        adam.step()
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    before = [p.detach().clone() for p in model.parameters()]
     hvd.broadcast_optimizer_state(adam, root_rank=0)
+    assert all(torch.equal(a, p) for a, p in zip(before, model.parameters())), "parameters moved"
     st = [adam.state[p]["exp_avg"] for p in model.parameters()]
     assert all(s.dtype == torch.bfloat16 for s in st)
     ranks_identical(st, "bf16.bcast.adam")
+    assert {adam.state[p]["step"].item() for p in model.parameters()} == {1.0}
+
+
+def check_fresh_state_broadcast():
+    """A fresh optimizer stays fresh: broadcast_optimizer_state moves no parameter and counts no
+    step, so two workers train exactly as one process on the same global batch (AdamW with weight
+    decay and SGD with weight decay, hvdp uncompressed, three steps); the root's settings win."""
+    x, y = data()
+    for make in (lambda ps: torch.optim.AdamW(ps, lr=1e-2, weight_decay=0.1),
+                 lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, dampening=0.5, weight_decay=0.1)):
+        one = mlp(seed=7)  # the one-process run, on every rank
+        solo = make(one.parameters())
+        model = mlp(seed=7)
+        opt = hvd.DistributedOptimizer(make(model.parameters()), named_parameters=model.named_parameters())
+        opt.param_groups[0]["lr"] *= 1 + hvd.rank()  # a per-rank setting: the root's must win
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        before = [p.detach().clone() for p in model.parameters()]
+        hvd.broadcast_optimizer_state(opt, root_rank=0)
+        assert not opt.state, "a fresh optimizer got state"
+        assert all(torch.equal(a, p) for a, p in zip(before, model.parameters())), "parameters moved"
+        assert opt.param_groups[0]["lr"] == solo.param_groups[0]["lr"]
+        sl = my_slice(len(x))
+        for _ in range(3):
+            solo.zero_grad()
+            ce(one(x), y).backward()
+            solo.step()
+            opt.zero_grad()
+            ce(model(x[sl]), y[sl]).backward()
+            opt.step()
+        for a, b in zip(one.parameters(), model.parameters()):
+            err = (a - b).abs().max().item()
+            # the mean of two half-batch means against the full-batch mean: float32 rounding only
+            assert err <= 1e-5, f"{type(solo).__name__}: 2 workers off 1 process by {err:.3g}"
+        ranks_identical(list(model.parameters()), f"fresh.{type(solo).__name__}")
 
 
 def check_bf16_join():
@@ -339,6 +379,7 @@ CHECKS = {
     "bf16_join": check_bf16_join,
     "noncontiguous": check_noncontiguous,
     "requires_grad": check_requires_grad,
+    "fresh_state_broadcast": check_fresh_state_broadcast,
 }
 
 if __name__ == "__main__":
