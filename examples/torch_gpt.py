@@ -8,11 +8,16 @@ cosine decay, gradient clipping on the averaged gradients (synchronize(), clip, 
 inside skip_synchronize()), a checkpoint per epoch with hvd.save_checkpoint (--checkpoint; an
 existing file is resumed from), and the held-out loss in nats and bits per byte after every epoch.
 The learning rate is for the global batch (micro-batch x accumulation x workers), not scaled.
+
+``--ddp-hook fp16|powersgd1|powersgd4`` trains the same model with torch DDP and that
+communication hook instead of hvdp (the peers' comparison): accumulation by ``no_sync()`` on all
+but the last micro-batch, clipping on DDP's averaged gradients, the same schedule and data.
 """
 import argparse
 import math
 import os
 import time
+from contextlib import nullcontext
 
 import numpy as np
 import torch
@@ -20,6 +25,7 @@ import torch.nn.functional as F
 
 import hvdp.torch as hvd
 from workload_data import corpus_summary, stdlib_corpus
+from workload_ddp import add_ddp_args, nominal_wire_ratio, wrap
 from workload_torch import (add_compression_args, compression_kwargs, progress, ranks_max_diff,
                             summary_line, write_json)
 
@@ -42,10 +48,14 @@ def parse_args(argv=None):
     p.add_argument("--no-bf16", action="store_true", help="float32 compute instead of bf16 autocast")
     p.add_argument("--checkpoint", help="save here after every epoch; resume if it exists")
     add_compression_args(p)
+    add_ddp_args(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json-out", help="rank 0 writes the final figures and curves here")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.ddp_hook and args.checkpoint:
+        p.error("--checkpoint saves through hvdp (hvd.save_checkpoint); drop it or --ddp-hook")
+    return args
 
 
 class Block(torch.nn.Module):
@@ -112,8 +122,12 @@ def main(argv=None):
     model = GPT(args.layers, args.d_model, args.heads, args.context)
     n_params = sum(p.numel() for p in model.parameters())
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
-    opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
-                                   backward_passes_per_step=args.accumulate, **compression_kwargs(args))
+    if args.ddp_hook:  # the peers' comparison: torch DDP with one of its hooks instead of hvdp
+        ratio = nominal_wire_ratio(model, args.ddp_hook)
+        model, codec = wrap(model, args.ddp_hook, args.seed, args.powersgd_start)  # broadcasts rank 0's
+    else:
+        opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
+                                       backward_passes_per_step=args.accumulate, **compression_kwargs(args))
     total_steps = args.epochs * args.steps_per_epoch
     if args.max_steps:
         total_steps = min(total_steps, args.max_steps)
@@ -128,8 +142,9 @@ def main(argv=None):
         extra = hvd.load_checkpoint(args.checkpoint, model, opt)
         sched.load_state_dict(extra["scheduler"])
         start_epoch = extra["epoch"]
-    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    if not args.ddp_hook:
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        hvd.broadcast_optimizer_state(opt, root_rank=0)
     if hvd.rank() == 0:
         print(f"{corpus_summary(train, val)}; model {n_params / 1e6:.2f}M parameters; global batch "
               f"{args.batch_size * args.accumulate * hvd.size()} x {args.context} bytes", flush=True)
@@ -144,16 +159,23 @@ def main(argv=None):
             rng = np.random.default_rng([args.seed, step, hvd.rank()])
             opt.zero_grad()
             step_loss = 0.0
-            for _ in range(args.accumulate):
+            for micro in range(args.accumulate):
                 x, y = batch(train, rng, args.batch_size, args.context)
-                with autocast():
-                    loss = F.cross_entropy(model(x).float().flatten(0, 1), y.flatten())
-                (loss / args.accumulate).backward()
+                # DDP reduces on the last micro-batch's backward only; hvdp counts them itself
+                local = model.no_sync() if (args.ddp_hook and micro < args.accumulate - 1) else nullcontext()
+                with local:
+                    with autocast():
+                        loss = F.cross_entropy(model(x).float().flatten(0, 1), y.flatten())
+                    (loss / args.accumulate).backward()
                 step_loss += loss.item() / args.accumulate
-            opt.synchronize()  # averaged gradients in p.grad: clip the global norm
-            torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
-            with opt.skip_synchronize():
+            if args.ddp_hook:  # DDP's gradients are averaged once backward returns
+                torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
                 opt.step()
+            else:
+                opt.synchronize()  # averaged gradients in p.grad: clip the global norm
+                torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
+                with opt.skip_synchronize():
+                    opt.step()
             sched.step()
             losses.append(step_loss)
             step += 1
@@ -177,7 +199,10 @@ def main(argv=None):
     elapsed = time.perf_counter() - t0
     curve = hvd.allreduce(torch.tensor(losses), op=hvd.Average, name="loss_curve").tolist()
     diff = ranks_max_diff(model)
-    codec, ratio, line = summary_line(opt)
+    if args.ddp_hook:
+        line = f"compression {codec} (a DDP hook): wire bytes {ratio:.3f} of float32 (nominal)"
+    else:
+        codec, ratio, line = summary_line(opt)
     if hvd.rank() == 0:
         print(f"val loss {val_loss:.4f} ({val_loss / math.log(2):.3f} bits per byte)  |  "
               f"{len(losses) / max(elapsed, 1e-9):.2f} steps/s  |  {line}  |  ranks differ by {diff:.3g}", flush=True)

@@ -66,3 +66,20 @@ def test_gpt_resumes_from_its_checkpoint(tmp_root):
     assert len(resumed["train_curve"]) == 12 and [e[0] for e in resumed["evals"]] == [36]
     assert resumed["ranks_max_diff"] == 0.0
     assert resumed["val_loss"] < full["evals"][0][1], (resumed["val_loss"], full["evals"])
+
+
+def test_gpt_through_ddp_hooks(tmp_root):
+    """The GPT's DDP path (the peers' comparison): plain DDP trains the same model as hvdp without
+    compression (the same data, accumulation by no_sync, clipping; averaging a/2 + b/2 against
+    (a + b)/2 is exact in float32 away from overflow and subnormals); PowerSGD rank 4 trains."""
+    results = run_example("torch_gpt", tmp_root)
+    ddp, ref, psgd = results["ddp"], results["none"], results["ddp-powersgd4"]
+    assert ddp["codec"] == "ddp" and psgd["codec"] == "ddp+powersgd4"
+    for r in (ddp, psgd):
+        assert r["ranks_max_diff"] == 0.0 and r["steps"] == ref["steps"]
+        first, last = head_tail(r["train_curve"], 4)
+        assert last < 0.9 * first, f"{r['codec']}: loss {first:.4f} -> {last:.4f} did not fall"
+    worst = max(abs(a / b - 1) for a, b in zip(ddp["train_curve"], ref["train_curve"]))
+    assert worst <= 1e-5, f"DDP plain and hvdp none differ by {worst:.3g} (relative, per step)"
+    assert abs(ddp["val_loss"] / ref["val_loss"] - 1) <= 1e-5, (ddp["val_loss"], ref["val_loss"])
+    assert psgd["wire_ratio"] < 0.2, psgd["wire_ratio"]

@@ -3,7 +3,8 @@
     python workload_runs.py <torch_cnn|torch_gpt|keras_cnn> <out_dir>
 
 Writes ``<out_dir>/<example>-<codec>.json`` (the example's --json-out); the GPT also resumes
-from its checkpoint for one more epoch (``torch_gpt-resumed.json``).
+from its checkpoint for one more epoch (``torch_gpt-resumed.json``) and runs through torch DDP,
+plain and with PowerSGD rank 4 (``torch_gpt-ddp.json``, ``torch_gpt-ddp-powersgd4.json``).
 """
 import importlib
 import os
@@ -32,6 +33,9 @@ def main():
         args[args.index("--epochs") + 1] = "3"
         run(args + ["--checkpoint", os.path.join(out, "torch_gpt-int8.ckpt"), "--compression", "int8",
                     "--json-out", os.path.join(out, "torch_gpt-resumed.json")])
+        for hook, tag in (("none", "ddp"), ("powersgd4", "ddp-powersgd4")):  # the peers' path
+            run(SMALL[name] + ["--ddp-hook", hook, "--powersgd-start", "4",
+                               "--json-out", os.path.join(out, f"torch_gpt-{tag}.json")])
 
 
 if __name__ == "__main__":
