@@ -29,7 +29,7 @@ CONFIGS = [
     ("topk 1% + EF", ["--compression", "topk", "--topk-ratio", "0.01"]),
     ("topk 1%, no EF", ["--compression", "topk", "--topk-ratio", "0.01", "--no-error-feedback"]),
     ("auto", ["--compression", "auto"]),  # only where hvdp.torch offers it (checked by the worker)
-    # the peers (issue 16), CNN only: torch DDP over Gloo with its hooks (its bf16 hook needs NCCL)
+    # the peers (issue 16): torch DDP over Gloo with its hooks (its bf16 hook needs NCCL)
     ("DDP + fp16 hook", ["--ddp-hook", "fp16"]),
     ("DDP + PowerSGD r=4", ["--ddp-hook", "powersgd4"]),
     ("DDP + PowerSGD r=1", ["--ddp-hook", "powersgd1"]),
@@ -46,7 +46,7 @@ WORKLOADS = {
 }
 
 
-def worker(name, seeds, scale, out_dir):
+def worker(name, seeds, scale, out_dir, configs=None):
     """Inside horovodrun: every (codec, seed) run of one workload, one JSON file each."""
     sys.path.insert(0, os.path.join(ROOT, "examples"))
     import importlib
@@ -56,7 +56,7 @@ def worker(name, seeds, scale, out_dir):
     for i, (label, args) in enumerate(CONFIGS):
         if args[1] == "auto" and not hasattr(hvd.Compression, "auto"):
             continue
-        if args[0] == "--ddp-hook" and name != "cnn":  # the GPT's accumulation has no DDP path here
+        if configs is not None and i not in configs:
             continue
         for s in seeds:
             out = os.path.join(out_dir, f"{name}-{i}-{s}.json")
@@ -64,13 +64,15 @@ def worker(name, seeds, scale, out_dir):
                 main(wl["args"](scale) + args + ["--seed", str(s), "--quiet", "--json-out", out])
 
 
-def launch(name, seeds, scale, out_dir, np_):
+def launch(name, seeds, scale, out_dir, np_, configs=None):
     env = dict(os.environ, OMP_NUM_THREADS="1", TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1",
                PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
     # Gloo: its waiting ranks block; MPI's poll, which on a shared, loaded machine starves the
     # rank that still computes (2 ranks sum identically over either)
     cmd = ["horovodrun", "-np", str(np_), "-H", f"localhost:{np_}", "--gloo", sys.executable, os.path.abspath(__file__),
            "--worker", name, "--scale", str(scale), "--out-dir", out_dir, "--seeds"] + [str(s) for s in seeds]
+    if configs is not None:
+        cmd += ["--configs"] + [str(i) for i in configs]
     t0 = time.time()
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=7200, env=env)
     if r.returncode != 0:
@@ -168,15 +170,18 @@ def main():
     p.add_argument("--json-out", default=os.path.join(HERE, "results", "convergence.json"))
     p.add_argument("--plot", default=os.path.join(HERE, "results", "convergence.png"))
     p.add_argument("--no-run", action="store_true", help="only tabulate and plot the runs in --out-dir")
+    p.add_argument("--configs", type=int, nargs="+", help="only these rows of CONFIGS (by index; 0, "
+                   "float32, is every table's reference and always runs)")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     a = p.parse_args()
     os.makedirs(a.out_dir, exist_ok=True)
+    configs = None if a.configs is None else sorted(set(a.configs) | {0})
     if a.worker:
-        return worker(a.worker, a.seeds, a.scale, a.out_dir)
+        return worker(a.worker, a.seeds, a.scale, a.out_dir, configs)
     results, minutes = {}, {}
     for name in a.workloads:
         if not a.no_run:
-            minutes[name] = launch(name, a.seeds, a.scale, a.out_dir, a.np) / 60
+            minutes[name] = launch(name, a.seeds, a.scale, a.out_dir, a.np, configs) / 60
             print(f"{name}: {minutes[name]:.1f} min", file=sys.stderr, flush=True)
         results[name] = summarise(name, a.seeds, a.out_dir)
     for name in a.workloads:
