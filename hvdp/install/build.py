@@ -149,11 +149,14 @@ def install(python: str, wheel: str, say: Say) -> None:
         raise InstallError(f"pip install failed: {r.stdout.strip()[-500:]}")
 
 
+# run by the target interpreter; the framework is imported there by name (hvdp's own modules
+# import no framework)
+_LOAD = "import importlib; fw = importlib.import_module({fw!r}); h = importlib.import_module('horovod.{fw}'); h.init(); "
 _ALLREDUCE = {
-    "torch": "import torch, horovod.torch as h; h.init(); "
-             "v = h.allreduce(torch.arange(4.0), op=h.Sum); assert v.tolist() == [0.0, 1.0, 2.0, 3.0], v",
-    "tensorflow": "import tensorflow as tf, horovod.tensorflow as h; h.init(); "
-                  "v = h.allreduce(tf.range(4.0), op=h.Sum); assert v.numpy().tolist() == [0.0, 1.0, 2.0, 3.0], v",
+    "torch": _LOAD.format(fw="torch")
+    + "v = h.allreduce(fw.arange(4.0), op=h.Sum); assert v.tolist() == [0.0, 1.0, 2.0, 3.0], v",
+    "tensorflow": _LOAD.format(fw="tensorflow")
+    + "v = h.allreduce(fw.range(4.0), op=h.Sum); assert v.numpy().tolist() == [0.0, 1.0, 2.0, 3.0], v",
 }
 
 
