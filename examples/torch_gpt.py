@@ -124,7 +124,13 @@ def main(argv=None):
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
     if args.ddp_hook:  # the peers' comparison: torch DDP with one of its hooks instead of hvdp
         ratio = nominal_wire_ratio(model, args.ddp_hook)
-        model, codec = wrap(model, args.ddp_hook, args.seed, args.powersgd_start)  # broadcasts rank 0's
+        # One DDP bucket: PowerSGD with no_sync() accumulation over several buckets stopped here
+        # (torch 2.13, Gloo) with "op.preamble.length <= op.nbytes ... collective mismatch" once
+        # compression began. PowerSGD approximates each tensor on its own: the layout of the
+        # buckets changes how its collectives are batched and the random draw that starts each
+        # tensor's Q, not the method.
+        model, codec = wrap(model, args.ddp_hook, args.seed, args.powersgd_start,
+                            bucket_cap_mb=1024 if args.accumulate > 1 else None)  # broadcasts rank 0's
     else:
         opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
                                        backward_passes_per_step=args.accumulate, **compression_kwargs(args))

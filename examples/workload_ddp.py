@@ -34,10 +34,12 @@ def init_process_group():
                                 world_size=hvd.size())
 
 
-def wrap(model, hook, seed=0, powersgd_start=10):
-    """``model`` in DDP with ``hook`` registered; the name that describes it."""
+def wrap(model, hook, seed=0, powersgd_start=10, bucket_cap_mb=None):
+    """``model`` in DDP with ``hook`` registered; the name that describes it. ``bucket_cap_mb``:
+    DDP's (None: its default)."""
     init_process_group()
-    ddp = torch.nn.parallel.DistributedDataParallel(model, broadcast_buffers=False)
+    extra = {} if bucket_cap_mb is None else {"bucket_cap_mb": bucket_cap_mb}
+    ddp = torch.nn.parallel.DistributedDataParallel(model, broadcast_buffers=False, **extra)
     if hook == "fp16":
         ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
     elif hook == "bf16":
