@@ -140,10 +140,12 @@ def plot(results, path):
 
         def smooth(c):
             return np.arange(k, len(c) + 1), np.convolve(c, np.ones(k) / k, mode="valid")
-        for r in rows:
+        colors = plt.get_cmap("tab20").colors  # more rows than the default cycle's 10 colours
+        for j, r in enumerate(rows):
             c = np.array(r["train_curve"])
-            line, = axes[0, col].plot(*smooth(c), label=r["config"], lw=1.2)
-            axes[1, col].plot(*smooth(c - base), color=line.get_color(), lw=1.2)
+            style = "--" if r["config"].startswith("DDP") else "-"  # the peers dashed
+            line, = axes[0, col].plot(*smooth(c), style, label=r["config"], lw=1.2, color=colors[(2 * j) % 20 + j // 10])
+            axes[1, col].plot(*smooth(c - base), style, color=line.get_color(), lw=1.2)
             if name == "gpt":
                 e, e0 = np.array(r["evals"]), np.array(rows[0]["evals"])
                 axes[0, col].plot(e[:, 0], e[:, 1], "o", color=line.get_color(), ms=3)
