@@ -57,9 +57,10 @@ def committed_steps(records):
 
 
 def run(tmp, schedule, np_=2, min_np=2, max_np=3, epochs=3, kill_host=None, kill_after=None,
-        step_sleep=0.03, timeout=300, extra=(), script="torch_elastic.py"):
+        step_sleep=0.03, timeout=300, extra=(), script="torch_elastic.py", env_extra=None):
     """Run the elastic job; optionally SIGKILL the worker on ``kill_host`` after ``kill_after``
-    committed steps. Returns (returncode, output, kill_time or None)."""
+    committed steps. ``env_extra``: more environment (e.g. KERAS_BACKEND). Returns
+    (returncode, output, kill_time or None)."""
     log_dir = os.path.join(tmp, "logs")
     os.makedirs(log_dir, exist_ok=True)
     disc, progress = write_discovery(tmp, schedule)
@@ -68,6 +69,7 @@ def run(tmp, schedule, np_=2, min_np=2, max_np=3, epochs=3, kill_host=None, kill
     # survivors learn of a dead peer when a Gloo collective times out: that timeout (default
     # 30 s) is the recovery time; 10 s keeps the test short and still far above a step's time
     env.setdefault("HOROVOD_GLOO_TIMEOUT_SECONDS", "10")
+    env.update(env_extra or {})
     cmd = ["horovodrun", "-np", str(np_), "--min-np", str(min_np), "--max-np", str(max_np),
            "--host-discovery-script", disc, "--elastic-timeout", "60", "--gloo",
            # both fake hosts are this machine: name the interface instead of probing 2 hosts

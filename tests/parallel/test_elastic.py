@@ -6,14 +6,23 @@ import elastic_harness as eh
 pytestmark = pytest.mark.parallel
 
 NUM_TRAIN = 1347  # digits: 1797 samples, 25% held out (examples/torch_digits.load_data)
+# the Keras example on both of hvdp.keras's backends
+SCRIPTS = ["torch_elastic.py", "keras_elastic.py", "keras_elastic.py@torch"]
 
 
-@pytest.mark.parametrize("script", ["torch_elastic.py", "keras_elastic.py"])
+def script_env(script):
+    """'keras_elastic.py@torch' -> ('keras_elastic.py', {'KERAS_BACKEND': 'torch'})."""
+    name, _, backend = script.partition("@")
+    return name, ({"KERAS_BACKEND": backend} if backend else {})
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
 def test_fault_worker_killed_mid_epoch(tmp_path, script):
+    script, env = script_env(script)
     schedule = [(0, ["localhost:2", "127.0.0.1:1"])]
     work = tmp_path / "run"
     rc, out, kill_time = eh.run(str(work), schedule, np_=3, kill_host="127.0.0.1", kill_after=40,
-                                script=script, timeout=400)
+                                script=script, timeout=400, env_extra=env)
     if rc != 0 and "gloo::EnforceNotMet" in out:
         # Known, not fixed (README, elastic section): once in four runs here (2026-11-30) a
         # survivor's Gloo transport thread aborted the process (std::terminate on a message-size
@@ -22,7 +31,7 @@ def test_fault_worker_killed_mid_epoch(tmp_path, script):
         # one twice, fails the test.
         work = tmp_path / "retry"
         rc, out, kill_time = eh.run(str(work), schedule, np_=3, kill_host="127.0.0.1", kill_after=40,
-                                    script=script, timeout=400)
+                                    script=script, timeout=400, env_extra=env)
     assert kill_time is not None
     assert rc == 0, out[-4000:]
     steps, finals = eh.audit(str(work), NUM_TRAIN, 3)
@@ -40,10 +49,12 @@ def test_fault_worker_killed_mid_epoch(tmp_path, script):
           f"{len(finals)} ranks with identical final parameters")
 
 
-@pytest.mark.parametrize("script", ["torch_elastic.py", "keras_elastic.py"])
+@pytest.mark.parametrize("script", SCRIPTS)
 def test_resize_two_three_two(tmp_path, script):
+    script, env = script_env(script)
     schedule = [(0, ["localhost:2"]), (15, ["localhost:2", "127.0.0.1:1"]), (45, ["localhost:2"])]
-    rc, out, _ = eh.run(str(tmp_path), schedule, np_=2, step_sleep=0.06, script=script, timeout=400)
+    rc, out, _ = eh.run(str(tmp_path), schedule, np_=2, step_sleep=0.06, script=script, timeout=400,
+                        env_extra=env)
     assert rc == 0, out[-4000:]
     steps, _ = eh.audit(str(tmp_path), NUM_TRAIN, 3)
     sizes = [s["size"] for s in steps]
