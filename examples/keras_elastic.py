@@ -3,7 +3,9 @@
     horovodrun -np 3 --min-np 2 --max-np 3 --host-discovery-script ./discover.sh --gloo \
         python examples/keras_elastic.py --compression int8
 
-Same audit log as examples/torch_elastic.py with ``--log-dir``.
+Same audit log as examples/torch_elastic.py with ``--log-dir``. Runs on Keras's TensorFlow backend
+(the step traced by tf.function) and its torch backend (``KERAS_BACKEND=torch``: the step eager,
+as Keras's own torch trainer does it).
 """
 import argparse
 import os
@@ -13,7 +15,6 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
 from sklearn.datasets import load_digits  # noqa: E402
 from sklearn.model_selection import train_test_split  # noqa: E402
 
@@ -34,8 +35,13 @@ def main():
     args = p.parse_args()
 
     hvd.init()
-    tf.config.threading.set_intra_op_parallelism_threads(1)
-    tf.config.threading.set_inter_op_parallelism_threads(1)
+    if keras.backend.backend() == "tensorflow":
+        import tensorflow as tf
+        tf.config.threading.set_intra_op_parallelism_threads(1)
+        tf.config.threading.set_inter_op_parallelism_threads(1)
+    else:
+        import torch
+        torch.set_num_threads(1)
     keras.utils.set_random_seed(0)
     x, y = load_digits(return_X_y=True)
     xtr, xte, ytr, yte = train_test_split((x / 16.0).astype("float32"), y, test_size=0.25,
@@ -52,13 +58,7 @@ def main():
     @hvd.elastic.run
     def train(state):
         opt.learning_rate.assign(args.lr * hvd.size())
-
-        @tf.function  # made here: traced again after every reset (the layout follows the size)
-        def step(xb, yb, w):
-            with tf.GradientTape() as tape:
-                loss = loss_fn(yb, model(xb, training=True), sample_weight=w) / tf.maximum(tf.reduce_sum(w), 1.0)
-            opt.apply(tape.gradient(loss, model.trainable_variables), model.trainable_variables)
-            return loss * tf.reduce_sum(w)
+        step = make_step(model, opt, loss_fn)  # made here: traced again after every reset (TF)
 
         while state.epoch < args.epochs:
             for idx in state.sampler:
@@ -78,6 +78,32 @@ def main():
     if hvd.rank() == 0:
         print(f"done: {args.epochs} epochs, {state.commits} committed steps, {hvd.size()} workers at the end, "
               f"test accuracy {acc:.4f}", flush=True)
+
+
+def make_step(model, opt, loss_fn):
+    """One update on (x, y, per-sample weights) -> the batch's loss sum, on either backend."""
+    if keras.backend.backend() == "tensorflow":
+        import tensorflow as tf
+
+        @tf.function  # the layout follows the size: a new trace after every reset
+        def step(xb, yb, w):
+            with tf.GradientTape() as tape:
+                loss = loss_fn(yb, model(xb, training=True), sample_weight=w) / tf.maximum(tf.reduce_sum(w), 1.0)
+            opt.apply(tape.gradient(loss, model.trainable_variables), model.trainable_variables)
+            return loss * tf.reduce_sum(w)
+        return step
+    import torch
+
+    def step(xb, yb, w):
+        xb, yb, w = (keras.ops.convert_to_tensor(a) for a in (xb, yb, w))
+        model.zero_grad()
+        loss = loss_fn(yb, model(xb, training=True), sample_weight=w) / torch.clamp(w.sum(), min=1.0)
+        loss.backward()
+        variables = model.trainable_variables
+        with torch.no_grad():
+            opt.apply([v.value.grad for v in variables], variables)
+        return (loss * w.sum()).detach()
+    return step
 
 
 if __name__ == "__main__":
