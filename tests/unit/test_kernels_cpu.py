@@ -116,6 +116,42 @@ def test_error_feedback_residual_matches_reference(name, block, nonfinite):
     same(k.encode(x, prev=prev), reference_encode(codec, x, prev)[0])
 
 
+@needs_cc
+@pytest.mark.parametrize("block", [64, 256, 4096])
+def test_quotients_at_and_near_half_integers_round_like_the_reference(block):
+    """Blocks built so that y / scale is exactly k + 1/2 (ties to even), a few ulp either side of
+    it, or random: the kernel's codes and residuals are the reference's. (A kernel that multiplied
+    by the reciprocal instead of dividing would fail here: the two round apart near ties. Tried:
+    a multiply with a division fallback near ties was slower, 0.99 against 0.84 ms per 16 MiB.)"""
+    codec = codecs.get("int8", block_size=block)
+    k = kernels(codec)
+    rng = np.random.default_rng(block)
+    blocks = []
+    for b in range(60):
+        scale = np.float32(rng.uniform(0.5, 2.0) * 2.0 ** rng.integers(-30, 30))
+        # the odd scale multiples of 3 make 1/scale inexact, so products and quotients differ
+        scale = np.float32(3 * scale) if b % 2 else scale
+        half = (rng.integers(-127, 127, block) + np.float32(0.5)).astype(np.float32)
+        y = (half * scale).astype(np.float32)
+        if b % 3 == 1:  # a few ulp off the tie, either side
+            y = (y.view(np.int32) + rng.integers(-3, 4, block).astype(np.int32)).view(np.float32)
+        if b % 3 == 2:  # only some elements near ties
+            y = np.where(rng.random(block) < 0.1, y, (rng.uniform(-127, 127, block) * scale)).astype(np.float32)
+        y[0] = np.float32(127) * scale  # absmax: the block's scale is `scale` (up to rounding)
+        blocks.append(y)
+    x = np.concatenate(blocks)
+    want = codec.encode(OPS, x)
+    same(k.encode(x), want)
+    res = np.empty_like(x)
+    same(k.encode(x, residual=res), want)
+    same(res, reference_encode(codec, x)[1])
+    # the data reach the cases meant: quotients that round differently by product and by division
+    scales = np.frombuffer(want[x.size:].tobytes(), np.float32)
+    q = x.reshape(-1, block) / scales[:, None]
+    t = x.reshape(-1, block) * (np.float32(1) / scales[:, None])
+    assert (np.rint(q) != np.rint(t)).sum() > 0
+
+
 def test_tiny_scale_clips_instead_of_wrapping_like_reference():
     """A block with a subnormal scale: the quotient can round to 128, which is clipped to 127 (it
     once wrapped to -128: a sign flip), with or without a non-finite value elsewhere in the chunk."""
