@@ -140,11 +140,12 @@ def plot(results, path):
 
         def smooth(c):
             return np.arange(k, len(c) + 1), np.convolve(c, np.ones(k) / k, mode="valid")
-        colors = plt.get_cmap("tab20").colors  # more rows than the default cycle's 10 colours
+        tab20 = plt.get_cmap("tab20").colors  # more rows than the default cycle's 10 colours:
+        colors = tab20[::2] + tab20[1::2]     # its 10 dark shades first, then the light ones
         for j, r in enumerate(rows):
             c = np.array(r["train_curve"])
             style = "--" if r["config"].startswith("DDP") else "-"  # the peers dashed
-            line, = axes[0, col].plot(*smooth(c), style, label=r["config"], lw=1.2, color=colors[(2 * j) % 20 + j // 10])
+            line, = axes[0, col].plot(*smooth(c), style, label=r["config"], lw=1.2, color=colors[j % 20])
             axes[1, col].plot(*smooth(c - base), style, color=line.get_color(), lw=1.2)
             if name == "gpt":
                 e, e0 = np.array(r["evals"]), np.array(rows[0]["evals"])

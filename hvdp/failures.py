@@ -219,6 +219,15 @@ class FailureReporter:
         self._done = False                         # this rank's "done" mark is on the board
         self._installed = False
 
+    @classmethod
+    def for_horovod(cls, hvd, elastic_wait_s: float = 1.0) -> "FailureReporter":
+        """The adapters' reporter on ``hvd`` (horovod.torch or horovod.tensorflow): its rank, size
+        and shutdown. In an elastic job (``HOROVOD_ELASTIC=1``) a failed rank does not linger
+        (the others recover rather than stop) and a survivor waits ``elastic_wait_s`` for a report."""
+        elastic = os.environ.get("HOROVOD_ELASTIC") == "1"
+        return cls(hvd.rank, wait_s=elastic_wait_s if elastic else 1.0, get_size=hvd.size,
+                   shutdown=hvd.shutdown, linger_s=0.0 if elastic else LINGER_S)
+
     @property
     def board(self):
         if self._board is None:

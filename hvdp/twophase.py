@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 from .collectives import AVERAGE, Collectives
 from .kernels import registry as _kernels
@@ -95,6 +95,7 @@ class TwoPhaseReducer:
         self.worker = worker_store if worker_store is not None else DictStore()
         self.server = server_store if server_store is not None else DictStore()
         self._kernels: Dict[str, Any] = {}  # by device: (kernels or None, staged)
+        self.path: Optional[Tuple[str, str]] = None  # the last choice: (path, why no kernel or "")
 
     def kernels_for(self, like):
         """The fused kernels for buckets like ``like`` (chosen once per device and dtype), or None."""
@@ -115,10 +116,15 @@ class TwoPhaseReducer:
                     k, why = _kernels.explain(self.codec, HOST_OPS, host)
                     staged = k is not None
             self._kernels[key] = (k, staged)
+            path = getattr(k, "path", "array ops") + (" (host copies)" if staged else "")
+            self.path = (path, "" if k else "; ".join(why))
             if self.stats is not None:
-                path = getattr(k, "path", "array ops") + (" (host copies)" if staged else "")
-                self.stats.path(self.codec.name, path, "" if k else "; ".join(why))
+                self.stats.path(self.codec.name, *self.path)
         return self._kernels[key]
+
+    def _kernel_ops(self, staged):
+        """The ops of the kernels' buffers: numpy's when staged on the host, else the reducer's."""
+        return HOST_OPS if staged else self.ops
 
     def _host(self, x, staged):
         """x as the kernels' buffer: itself, or its host copy when staged."""
@@ -198,7 +204,7 @@ class TwoPhaseReducer:
     def _encode_kernel(self, k, name, flat, n, c, staged=False):
         """Every chunk (+ its residual) encoded by one kernel call into the send buffer; the new
         residual is a new buffer (a snapshot of the old one stays valid)."""
-        ops, p = (HOST_OPS if staged else self.ops), self.comm.size
+        ops, p = self._kernel_ops(staged), self.comm.size
         flat = self._host(flat, staged)
         nb = self.codec.payload_nbytes(c)
         empty = getattr(ops, "empty", ops.zeros)  # every byte gets written
@@ -254,7 +260,7 @@ class TwoPhaseReducer:
         k = pend.kernels
         if k is not None:  # decode and sum in one pass, then encode with the server residual
             staged = pend.staged
-            kops = HOST_OPS if staged else ops
+            kops = self._kernel_ops(staged)
             acc = k.decode_sum(self._host(recv, staged), p, c, scale)
             pend.own = None
             if self.error_feedback:
@@ -295,20 +301,18 @@ class TwoPhaseReducer:
         t0 = time.perf_counter()
         nb = self.codec.payload_nbytes(c)
         if pend.kernels is not None:  # straight into the result
-            kops = HOST_OPS if pend.staged else ops
+            kops = self._kernel_ops(pend.staged)
             got = self._host(got, pend.staged)
             out = getattr(kops, "empty", kops.zeros)(c * p, "float32", like=got)
             for j in range(p):
                 pend.kernels.decode(got[j * nb:(j + 1) * nb], c, out=out[j * c:(j + 1) * c])
-            self._time("final_decode", t0)
-            return self._back(out[:pend.n], pend.staged)
         else:
             own, pend.own_final = pend.own_final, None
             out = ops.assemble(c * p, "float32", ((j * c, own if (j == self.comm.rank and own is not None)
                                                    else self.codec.decode(ops, got[j * nb:(j + 1) * nb], c))
                                                   for j in range(p)), like=got)
         self._time("final_decode", t0)
-        return out[:pend.n]
+        return self._back(out[:pend.n], pend.staged)
 
     # --- state ------------------------------------------------------------------------------
     def state_dict(self) -> dict:

@@ -6,14 +6,12 @@ import horovod
 import numpy as np
 
 from hvdp import __version__, agreement
-from hvdp.failures import LINGER_S, FailureReporter
+from hvdp.failures import FailureReporter
 
 from .backend import BACKEND as B
 
 VERSIONS = {"hvdp": __version__, "horovod": horovod.__version__}
-_ELASTIC = os.environ.get("HOROVOD_ELASTIC") == "1"
-REPORTER = FailureReporter(B.hvd.rank, get_size=B.hvd.size, shutdown=B.hvd.shutdown,
-                           linger_s=0.0 if _ELASTIC else LINGER_S)
+REPORTER = FailureReporter.for_horovod(B.hvd)
 
 
 def allgather_fixed(process_set=B.hvd.global_process_set):

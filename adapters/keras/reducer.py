@@ -55,11 +55,8 @@ class GradientReducer:
         self.two_phase = None
         if two_phase:
             ws, ss = B.Store(f"{self.prefix}_w"), B.Store(f"{self.prefix}_s")
-            # its own WireStats only for which path ran ("cpu-c (host copies)" in eager TF, array
-            # ops in a traced step); the bytes come from the plan (stats below)
             self.two_phase = TwoPhaseReducer(self.codec, B.ops, self.comm, ef, self.op,
-                                             self.predivide, stats=WireStats(),
-                                             worker_store=ws, server_store=ss)
+                                             self.predivide, worker_store=ws, server_store=ss)
             if ef:
                 for b, idx in enumerate(self.plan.buckets):
                     c, padded = self.two_phase.layout(sum(self.numels[i] for i in idx))
@@ -192,9 +189,11 @@ class GradientReducer:
             s.record(self.codec.name, n, 2 * p * nb, two_phase_bytes(nb, p), ring_allreduce_bytes(4 * n, p))
         s.end_step()
         out = s.summary()["last_step"]
-        if self.two_phase is not None and self.two_phase.stats.paths:  # once a bucket was reduced
-            out["paths"] = dict(self.two_phase.stats.paths)
-            out["paths_why"] = dict(self.two_phase.stats.paths_why)
+        if self.two_phase is not None and self.two_phase.path is not None:  # once a bucket was reduced
+            # which implementation ran ("cpu-c (host copies)" in eager TF, array ops while traced)
+            path, why = self.two_phase.path
+            out["paths"] = {self.codec.name: path}
+            out["paths_why"] = {self.codec.name: why} if why else {}
         return out
 
 

@@ -7,16 +7,13 @@ import horovod.torch as _hvd
 import torch
 
 from hvdp import __version__, agreement
-from hvdp.failures import LINGER_S, FailureReporter
+from hvdp.failures import FailureReporter
 
 from .tensors import broadcast_
 
 VERSIONS = {"hvdp": __version__, "horovod": horovod.__version__}
-# An elastic survivor resets at once: it does not wait for another rank's report, and a failed
-# elastic worker does not linger for the others (they recover rather than stop).
-_ELASTIC = os.environ.get("HOROVOD_ELASTIC") == "1"
-REPORTER = FailureReporter(_hvd.rank, wait_s=0.0 if _ELASTIC else 1.0, get_size=_hvd.size,
-                           shutdown=_hvd.shutdown, linger_s=0.0 if _ELASTIC else LINGER_S)
+# An elastic survivor resets at once: it does not wait for another rank's report.
+REPORTER = FailureReporter.for_horovod(_hvd, elastic_wait_s=0.0)
 
 
 def allgather_fixed(process_set=_hvd.global_process_set):
