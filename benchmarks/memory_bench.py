@@ -91,7 +91,7 @@ def worker(codec, numel, out):
     opt = hvd.DistributedOptimizer(torch.optim.SGD([p], lr=1e-3), named_parameters=[("p", p)],
                                    compression=codec)
     hv = measure(opt)
-    red = getattr(opt, "_reducer", None)  # error-feedback residuals: allowed on top of the target
+    red = opt.engine.reducer  # error-feedback residuals: allowed on top of the target
     res = [] if red is None else list(red.worker_residual.values()) + list(red.server_residual.values())
     if hvd.rank() == 0:
         with open(out, "w") as f:

@@ -78,13 +78,13 @@ def main(argv=None):
     if hvd.rank() == 0:
         rate = len(mine) * args.epochs * hvd.size() / elapsed
         print(f"test accuracy {acc:.4f}  test loss {test_loss:.4f}  |  {rate:.0f} samples/s over {hvd.size()} "
-              f"worker(s)  |  compression {stats['codec']}: wire bytes {stats['all']['ratio']:.3f} of float32  |  "
+              f"worker(s)  |  compression {stats['codec']}: wire bytes {stats['total']['all']['ratio']:.3f} of float32  |  "
               f"ranks differ by {diff:.3g}", flush=True)
         if args.json_out:
             with open(args.json_out, "w") as f:
                 json.dump({"test_accuracy": float(acc), "test_loss": float(test_loss), "size": hvd.size(),
                            "train_curve": [float(v) for v in hist.history["loss"]], "codec": stats["codec"],
-                           "wire_ratio": stats["all"]["ratio"], "ranks_max_diff": diff}, f)
+                           "wire_ratio": stats["total"]["all"]["ratio"], "ranks_max_diff": diff}, f)
 
 
 if __name__ == "__main__":

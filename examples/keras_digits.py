@@ -65,12 +65,12 @@ def main(argv=None):
     if hvd.rank() == 0:
         print(f"test accuracy {acc:.4f}  |  {rate:.0f} samples/s over {hvd.size()} worker(s) "
               f"({keras.backend.backend()})  |  "
-              f"compression {stats['codec']}: wire bytes {stats['all']['ratio']:.3f} of float32", flush=True)
+              f"compression {stats['codec']}: wire bytes {stats['total']['all']['ratio']:.3f} of float32", flush=True)
         if args.json_out:
             with open(args.json_out, "w") as f:
                 json.dump({"test_accuracy": float(acc), "samples_per_s": float(rate), "size": hvd.size(),
                        "backend": keras.backend.backend(),
-                           "codec": stats["codec"], "wire_ratio": stats["all"]["ratio"]}, f)
+                           "codec": stats["codec"], "wire_ratio": stats["total"]["all"]["ratio"]}, f)
 
 
 if __name__ == "__main__":

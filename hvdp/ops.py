@@ -27,6 +27,7 @@ class ArrayOps(Protocol):
     def reshape(self, x: Array, shape: Sequence[int]) -> Array: ...
     def cat(self, xs: Sequence[Array]) -> Array: ...
     def cast(self, x: Array, dtype: str) -> Array: ...
+    def dtype(self, x: Array) -> str: ...                  # x's dtype by name ("float32", ...)
     def to_bytes(self, x: Array) -> Array: ...            # uint8 view/copy of the raw bytes
     def from_bytes(self, b: Array, dtype: str) -> Array: ...  # inverse of to_bytes
     def abs(self, x: Array) -> Array: ...
@@ -57,8 +58,8 @@ class ArrayOps(Protocol):
     # numpy array as the framework's array (zero-copy where possible).
     writable_views: bool
     def as_numpy(self, x: Array) -> "np.ndarray | None": ...
-    # Optional (eager frameworks): an uninitialised n-element array, for buffers a kernel fills
-    # whole; callers fall back to ``zeros``.
+    # An uninitialised n-element array, for buffers a kernel fills whole (a framework without
+    # one returns ``zeros``).
     def empty(self, n: int, dtype: str = "float32", like: Array | None = None) -> Array: ...
     def from_numpy(self, a: "np.ndarray", like: Array | None = None) -> Array: ...
 
@@ -90,6 +91,9 @@ class NumpyOps:
 
     def size(self, x):
         return int(np.size(x))
+
+    def dtype(self, x):
+        return str(np.asarray(x).dtype)
 
     def reshape(self, x, shape):
         return np.reshape(x, shape)

@@ -76,6 +76,25 @@ class WireStats:
         self._t_step.clear()
         self.steps += 1
 
+    def take_step(self) -> Dict[str, Dict[str, float]]:
+        """The rows recorded since the last step ended, removed (a traced step's template:
+        recorded once when traced, counted per executed step with :meth:`add_step`)."""
+        rows = {k: dict(v) for k, v in self._step.items()}
+        self._step.clear()
+        self._t_step.clear()
+        return rows
+
+    def add_step(self, rows: Dict[str, Dict[str, float]], repeat: int = 1) -> None:
+        """``repeat`` completed steps that each handed ``rows`` (no phase times: not measured)."""
+        if repeat <= 0:
+            return
+        self._last = {k: dict(v) for k, v in rows.items()}
+        for k, v in rows.items():
+            for f, x in v.items():
+                self._total[k][f] += x * repeat
+        self._t_last = {}
+        self.steps += repeat
+
     @staticmethod
     def _summary(rows: Dict[str, Dict[str, float]]) -> dict:
         out = {k: dict(v, ratio=(v["sent"] / v["fp32"] if v["fp32"] else 1.0)) for k, v in rows.items()}

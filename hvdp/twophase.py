@@ -46,6 +46,9 @@ class DictStore:
     def __init__(self):
         self.data: Dict[str, Array] = {}
 
+    def create(self, name, n):
+        """Nothing to make ahead: a residual of another size is ignored when read (see ``layout``)."""
+
     def get(self, name):
         return self.data.get(name)
 
@@ -105,10 +108,10 @@ class TwoPhaseReducer:
         key = f"{type(like).__name__}:{getattr(like, 'device', '')}:{getattr(like, 'dtype', '')}"
         if key not in self._kernels:
             k, staged = None, False
-            if getattr(self.ops, "writable_views", False):  # kernels write into the reducer's buffers
+            if self.ops.writable_views:  # kernels write into the reducer's buffers
                 k, why = _kernels.explain(self.codec, self.ops, like)
             else:  # read-only arrays: the kernels may still run on host copies
-                host = self.ops.as_numpy(like) if hasattr(self.ops, "as_numpy") else None
+                host = self.ops.as_numpy(like)
                 if host is None:
                     why = [f"{self.ops.name} arrays are not written in place and give no host copy here "
                            "(a graph being traced, or not in host memory)"]
@@ -207,7 +210,7 @@ class TwoPhaseReducer:
         ops, p = self._kernel_ops(staged), self.comm.size
         flat = self._host(flat, staged)
         nb = self.codec.payload_nbytes(c)
-        empty = getattr(ops, "empty", ops.zeros)  # every byte gets written
+        empty = ops.empty  # every byte gets written
         send = empty(p * nb, "uint8", like=flat)
         prev = res = None
         if self.error_feedback:
@@ -265,7 +268,7 @@ class TwoPhaseReducer:
             pend.own = None
             if self.error_feedback:
                 prev = self._host(self.server.get(pend.name), staged)
-                res = getattr(kops, "empty", kops.zeros)(c, "float32", like=acc)
+                res = kops.empty(c, "float32", like=acc)
                 payload = k.encode(acc, prev=prev if prev is not None and kops.size(prev) == c else None,
                                    residual=res)
                 self.server.set(pend.name, res)
@@ -303,7 +306,7 @@ class TwoPhaseReducer:
         if pend.kernels is not None:  # straight into the result
             kops = self._kernel_ops(pend.staged)
             got = self._host(got, pend.staged)
-            out = getattr(kops, "empty", kops.zeros)(c * p, "float32", like=got)
+            out = kops.empty(c * p, "float32", like=got)
             for j in range(p):
                 pend.kernels.decode(got[j * nb:(j + 1) * nb], c, out=out[j * c:(j + 1) * c])
         else:

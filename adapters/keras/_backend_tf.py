@@ -74,6 +74,11 @@ class TFBackend:
     init_scope = staticmethod(tf.init_scope)
     refuse_xla = staticmethod(refuse_xla)
     op_name = staticmethod(op_name)
+    eager_steps = False  # the train step is traced: auto chooses one codec, before tracing
+
+    @staticmethod
+    def tracing():
+        return not tf.executing_eagerly()
 
     @staticmethod
     def is_sparse(g):

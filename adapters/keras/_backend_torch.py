@@ -65,6 +65,11 @@ class TorchBackend:
     Store = TensorStore
     Buffer = Buffer
     elastic_run = staticmethod(_torch_elastic_run)
+    eager_steps = True  # Keras runs the torch backend's train step eagerly: auto per bucket
+
+    @staticmethod
+    def tracing():
+        return False
 
     @staticmethod
     def init_scope():

@@ -11,6 +11,8 @@ from .backend import BACKEND as B
 from .functions import broadcast_variables
 
 OPTIMIZERS = Registry()  # every hvdp.keras DistributedOptimizer, in creation order
+# DistributedGradientTape (TF): one reducer per (arguments, sources), kept across traces
+TAPE_REDUCERS = {}
 
 
 def joined_cond(comm, all_active, some_joined):
@@ -20,17 +22,13 @@ def joined_cond(comm, all_active, some_joined):
     return keras.ops.cond(active[0] > comm.size - 0.5, all_active, some_joined)
 
 
-def _uses_two_phase(reducer) -> bool:
-    return (reducer.plan is not None and reducer.two_phase is not None and bool(reducer.plan.buckets)
-            and reducer.comm.size > 1)
-
-
 def _refuse_unless_ready():
-    from .reducer import TAPE_REDUCERS  # a tape has no uneven_inputs: its two-phase buckets refuse
+    # a tape has no uneven_inputs: its two-phase buckets refuse
     reducers = [opt._hvdp for opt in OPTIMIZERS.alive()] + list(TAPE_REDUCERS.values())
     for red in reducers:
-        if _uses_two_phase(red) and not red.uneven_inputs:
-            raise JoinRefused(refusal(red.codec.name, "keras"))
+        eng = red.engine
+        if eng.uses_two_phase and not eng.settings.uneven_inputs:
+            raise JoinRefused(refusal(eng.reducer_codec_name(), "keras"))
 
 
 def join(extra_variables=(), optimizers=None) -> int:
@@ -60,7 +58,7 @@ def join(extra_variables=(), optimizers=None) -> int:
         optimizers = OPTIMIZERS.alive()
     seen, variables = set(), []
     for opt in optimizers:
-        if opt._hvdp.comm.process_set.process_set_id != 0 or not opt.built:
+        if opt._hvdp.engine.comm.process_set.process_set_id != 0 or not opt.built:
             continue  # Horovod's join is global
         for v in list(getattr(opt, "_trainable_variables", [])) + list(opt.variables) + list(extra_variables):
             if id(v) not in seen:
@@ -98,8 +96,10 @@ class JoinCallback(keras.callbacks.Callback):
         if red is None:
             raise ValueError("hvd.callbacks.JoinCallback needs the model compiled with an hvdp.keras "
                              "DistributedOptimizer")
-        if not red.codec.summable and not red.uneven_inputs and red.comm.size > 1:
-            raise ValueError(f"hvd.callbacks.JoinCallback with {red.codec.name} compression needs the "
+        eng = red.engine
+        two_phase = eng.settings.two_phase if eng.codec is None else not eng.codec.summable
+        if two_phase and not eng.settings.uneven_inputs and eng.comm.size > 1:
+            raise ValueError(f"hvd.callbacks.JoinCallback with {eng.reducer_codec_name()} compression needs the "
                              "optimizer made with hvd.DistributedOptimizer(..., uneven_inputs=True) "
                              "on every rank")
 

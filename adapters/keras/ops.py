@@ -6,8 +6,8 @@ path, which is correct for any data.
 """
 import tensorflow as tf
 
-_DT = {"float32": tf.float32, "float16": tf.float16, "bfloat16": tf.bfloat16,
-       "int8": tf.int8, "uint8": tf.uint8, "int32": tf.int32}
+_DT = {"float32": tf.float32, "float16": tf.float16, "bfloat16": tf.bfloat16, "float64": tf.float64,
+       "int8": tf.int8, "uint8": tf.uint8, "int32": tf.int32, "int64": tf.int64}
 _SIZE = {tf.float32: 4, tf.int32: 4, tf.float16: 2, tf.bfloat16: 2, tf.int8: 1, tf.uint8: 1}
 
 
@@ -24,6 +24,9 @@ class TFOps:
     def zeros(self, n, dtype="float32", like=None):
         return tf.zeros([n], dtype=_DT[dtype])
 
+    def empty(self, n, dtype="float32", like=None):
+        return self.zeros(n, dtype, like)  # TF has no uninitialised tensors
+
     def size(self, x):
         n = x.shape.num_elements()
         if n is None:
@@ -38,6 +41,9 @@ class TFOps:
 
     def cast(self, x, dtype):
         return tf.cast(x, _DT[dtype])
+
+    def dtype(self, x):
+        return tf.as_dtype(x.dtype).name
 
     def to_bytes(self, x):
         x = tf.reshape(x, [-1])

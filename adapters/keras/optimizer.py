@@ -11,8 +11,9 @@ import keras
 
 from hvdp.collectives import AVERAGE, SUM
 from hvdp.plan import CompressionPolicy
+from hvdp.settings import ReduceSettings, compressor_name
 
-from .agreement import REPORTER, compression_name
+from .agreement import REPORTER
 from .backend import BACKEND as B
 from .compression import resolve
 from .join import OPTIMIZERS
@@ -71,25 +72,23 @@ class _Distributed:
                 self._hvdp_count.reset()
 
     def compression_stats(self):
-        """Bytes handed to collectives per update step by codec, vs a float32 ring allreduce."""
-        out = dict(self._hvdp.stats(), codec=compression_name(self._hvdp))
-        if self._hvdp.auto is not None:  # compression="auto": the codec chosen and why
-            out["auto"] = self._hvdp.auto
-        return out
+        """Bytes handed to collectives per update step by codec, vs a float32 ring allreduce
+        (the same keys as hvdp.torch's); with compression="auto" also ``"auto"``."""
+        return self._hvdp.stats(steps=int(keras.ops.convert_to_numpy(self.iterations)))
 
 
-def _make_reducer(compression, policy, op, gradient_predivide_factor, sparse_as_dense, process_set, prefix):
+def make_reducer(compression, policy, op, gradient_predivide_factor, sparse_as_dense, process_set, prefix,
+                 backward_passes_per_step=1, uneven_inputs=False, extra=()):
+    """The settings checked and frozen, and the reducer that drives the engine with them."""
     codec, hvd_compressor = resolve(compression)
-    if policy is None:
-        policy = CompressionPolicy()
-    if gradient_predivide_factor != 1.0 and op != _hvd.Average:
-        raise ValueError("gradient_predivide_factor is only supported with op=hvd.Average")
     if op not in (_hvd.Average, _hvd.Sum):
         raise ValueError("hvdp.keras supports op=hvd.Average or hvd.Sum")
-    reducer = GradientReducer(codec, policy, SUM if op == _hvd.Sum else AVERAGE, gradient_predivide_factor,
-                              sparse_as_dense, process_set, prefix)
-    reducer.hvd_compressor = hvd_compressor
-    return reducer
+    settings = ReduceSettings(codec, CompressionPolicy() if policy is None else policy,
+                              op=SUM if op == _hvd.Sum else AVERAGE, predivide=gradient_predivide_factor,
+                              backward_passes=backward_passes_per_step, sparse_as_dense=sparse_as_dense,
+                              uneven_inputs=bool(uneven_inputs), compressor=compressor_name(hvd_compressor),
+                              extra=tuple(extra))
+    return GradientReducer(settings, hvd_compressor, process_set, prefix)
 
 
 def DistributedOptimizer(optimizer, name=None, compression="none", backward_passes_per_step=1,
@@ -112,19 +111,14 @@ def DistributedOptimizer(optimizer, name=None, compression="none", backward_pass
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         raise TypeError(f"hvdp.keras.DistributedOptimizer wraps a Keras 3 optimizer, got "
                         f"{type(optimizer).__name__}; for tf.keras 2 use horovod.tensorflow.keras")
-    if backward_passes_per_step < 1:
-        raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
     if getattr(optimizer, "_hvdp", None) is not None:
         raise ValueError("this optimizer is already distributed")
     if (keras.mixed_precision.global_policy().name == "mixed_float16"
             and not isinstance(optimizer, keras.optimizers.LossScaleOptimizer)):
         optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
-    reducer = _make_reducer(compression, policy, op, gradient_predivide_factor, sparse_as_dense,
-                            process_set, "hvdp_residual")
-    reducer.settings.update(backward_passes_per_step=backward_passes_per_step,
-                            average_aggregated_gradients=average_aggregated_gradients)
-    reducer.uneven_inputs = bool(uneven_inputs)
-    reducer.settings.update(uneven_inputs=bool(uneven_inputs))  # checked: the same on every rank
+    reducer = make_reducer(compression, policy, op, gradient_predivide_factor, sparse_as_dense,
+                           process_set, "hvdp_residual", backward_passes_per_step, uneven_inputs,
+                           extra=(("average_aggregated_gradients", bool(average_aggregated_gradients)),))
     REPORTER.install()  # needs the rank, so after hvd.init
     install_auto_jit_veto()  # compile(jit_compile="auto") on a GPU node: no XLA for this model
     base = optimizer.__class__

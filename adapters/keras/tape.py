@@ -2,8 +2,8 @@
 loops call ``loss.backward()`` and ``DistributedOptimizer.apply``)."""
 import tensorflow as tf
 
-from .optimizer import _hvd, _make_reducer
-from .reducer import TAPE_REDUCERS
+from .join import TAPE_REDUCERS
+from .optimizer import _hvd, make_reducer
 from .xla import refuse_xla
 
 
@@ -34,7 +34,7 @@ class DistributedGradientTape(tf.GradientTape):
         # trace; its reducer (and the residual variables) must be the same object each time.
         key = (tuple(map(str, self._hvdp_args)), tuple(id(v) for v in flat))
         if key not in TAPE_REDUCERS:
-            TAPE_REDUCERS[key] = _make_reducer(*self._hvdp_args, f"hvdp_tape_residual_{len(TAPE_REDUCERS)}")
+            TAPE_REDUCERS[key] = make_reducer(*self._hvdp_args, f"hvdp_tape_residual_{len(TAPE_REDUCERS)}")
             TAPE_REDUCERS[key].build(flat)
         self._hvdp = TAPE_REDUCERS[key]
         return tf.nest.pack_sequence_as(grads, self._hvdp.reduce(tf.nest.flatten(grads)))

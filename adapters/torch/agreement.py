@@ -1,5 +1,5 @@
-"""The ranks-agree check and failure reports on horovod.torch; the logic is the core's
-(``hvdp.agreement``, ``hvdp.failures``), this file only supplies the collective and the tensors."""
+"""The ranks-agree check's collective and failure reports on horovod.torch; the logic is the
+core's (``hvdp.agreement``, ``hvdp.failures``; an optimizer's description is its engine's)."""
 import os
 
 import horovod
@@ -25,35 +25,8 @@ def allgather_fixed(process_set=_hvd.global_process_set):
     return gather
 
 
-def _entry(name, t):
-    return name, tuple(t.shape), str(t.dtype).replace("torch.", ""), bool(t.requires_grad)
-
-
 def elastic() -> bool:
     return os.environ.get("HOROVOD_ELASTIC") == "1"
-
-
-def check_optimizer(opt, at_creation: bool = False) -> None:
-    """Every rank's hvdp optimizer must reduce the same tensors the same way.
-
-    In an elastic job a worker that joins later makes its optimizer alone, so a check there
-    would wait for ranks that never come: there the state's ``sync`` (every rank, at the start
-    and after each reset) checks instead.
-    """
-    if opt._comm.size <= 1 or (at_creation and elastic()):
-        return
-    tensors = [_entry(opt._all_names[id(p)], p) for g in opt.param_groups for p in g["params"]]
-    groups = sorted({tuple(opt._name[p] for p in g) for g in opt._groups.values()})
-    desc = agreement.describe(
-        tensors, opt._plan.buckets, VERSIONS,
-        compression=str(opt._codec) if opt._codec is not None else type(opt._hvd_compressor).__name__,
-        policy=repr(opt._policy), backward_passes_per_step=opt._bpps, op=opt._op,
-        gradient_predivide_factor=opt._predivide, sparse_as_dense=opt._sparse_as_dense,
-        groups=groups, size=opt._comm.size,
-        instance=opt._instance,  # its collectives' names: optimizers made in another order hang
-        uneven_inputs=getattr(opt, "_join", None) is not None)  # hvdp.join's per-step control
-    agreement.check(desc, allgather_fixed(opt._comm.process_set), "the DistributedOptimizer",
-                    name="hvdp.agree.optimizer")
 
 
 def broadcast_parameters(params, root_rank, process_set=_hvd.global_process_set):

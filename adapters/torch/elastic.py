@@ -66,7 +66,7 @@ class _OptimizerHandler(OptimizerStateHandler):
     step is local, not a reduction)."""
 
     def _clear(self):
-        clear = getattr(self.value, "_clear_pending", None)
+        clear = getattr(self.value, "abort_step", None)
         if clear is not None:
             clear()
 

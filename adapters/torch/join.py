@@ -22,15 +22,15 @@ class StepControl:
     """
 
     def __init__(self, comm, device=None):
-        self._comm, self._device = comm, device  # the gradients' device: a joined rank makes
-        self.reset()                              # all its zeros on one device (its join's)
+        self._comm, self.device = comm, device  # the gradients' device: a joined rank makes
+        self.reset()                             # all its zeros on one device (its join's)
 
     def reset(self):
         self._flag, self._handle, self._joined = None, None, None
 
     def begin(self):
         if self._handle is None and self._joined is None and self._comm.size > 1:
-            self._flag = torch.ones(1, device=self._device)
+            self._flag = torch.ones(1, device=self.device)
             # scoped per optimizer: two optimizers' controls may be in flight together
             self._handle = _hvd.allreduce_async_(self._flag, name=self._comm.scope + CONTROL_NAME,
                                                  op=_hvd.Sum,
@@ -53,18 +53,14 @@ class StepControl:
         self.reset()
 
 
-def _uses_two_phase(opt) -> bool:
-    return opt._reducer is not None and bool(opt._plan.buckets) and opt._comm.size > 1
-
-
 def _sync_from(opt, root: int) -> None:
     """Parameters, optimizer state and step count of ``root`` (it ran every step) on every rank.
     Residuals stay each rank's own."""
     params = [p for g in opt.param_groups for p in g["params"]]
     broadcast_([(f"hvdp.join.sync.{i}", p.data) for i, p in enumerate(params)], root,
-               opt._comm.process_set)  # any dtype (bf16) and layout (channels_last)
+               opt.engine.comm.process_set)  # any dtype (bf16) and layout (channels_last)
     broadcast_optimizer_state(opt, root)
-    opt._step_count = _hvd.broadcast_object(opt._step_count, root, name="hvdp.join.step")
+    opt.engine.step = _hvd.broadcast_object(opt.engine.step, root, name="hvdp.join.step")
 
 
 def join(device: int = -1) -> int:
@@ -93,12 +89,15 @@ def join(device: int = -1) -> int:
     """
     opts = OPTIMIZERS.alive()
     for opt in opts:
-        if opt._join is None and _uses_two_phase(opt):
-            raise JoinRefused(refusal(opt._codec.name, "torch"))
+        eng = opt.engine
+        if not eng.settings.uneven_inputs and eng.uses_two_phase:
+            raise JoinRefused(refusal(eng.reducer_codec_name(), "torch"))
     if device == -1:  # Horovod's default is the CPU; the zeros must be where the gradients are
-        device = next((p.device.index for o in opts for p in o._params if p.device.type == "cuda"), -1)
+        device = next((p.device.index for o in opts for g in o.param_groups for p in g["params"]
+                       if p.device.type == "cuda"), -1)
     last = int(_hvd.join(device))
     for opt in opts:  # Horovod's join is global: a process set's ranks are not these ranks
-        if opt._comm.size > 1 and opt._comm.process_set.process_set_id == 0:
+        comm = opt.engine.comm
+        if comm.size > 1 and comm.process_set.process_set_id == 0:
             _sync_from(opt, last)
     return last

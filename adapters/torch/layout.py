@@ -1,13 +1,11 @@
 """What an hvdp torch optimizer reduces and how: its parameters that require grad, their names,
-Horovod groups and the compression plan. Made with the optimizer, and made again at the next
+Horovod groups, and where each goes in the engine's plan. Made with the optimizer, and made again at the next
 step when a parameter's ``requires_grad`` has changed (unfrozen: reduced from then on; frozen:
 left alone, as plain torch leaves a parameter without a gradient)."""
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Sequence, Tuple
 
 import torch
-
-from hvdp.plan import CompressionPolicy, Plan, make_plan
 
 Params = List[torch.Tensor]
 
@@ -44,16 +42,10 @@ class Layout:
     params: Params                                   # reduced, in param_groups order
     name: Dict[torch.Tensor, str]
     groups: Dict[torch.Tensor, Tuple[torch.Tensor, ...]]
-    plan: Plan
     bucket_of: Dict[torch.Tensor, int]
     # while compressing, a group's bucketed members go with their bucket: the group is the
     # rest (waiting for all its members would leave the plain ones unreduced)
     plain_groups: Dict[torch.Tensor, Tuple[torch.Tensor, ...]]
-
-    def bucket_members(self) -> Dict[str, Tuple[str, ...]]:
-        """Bucket name (as the reducer keys its residuals) -> names of its tensors."""
-        return {f"b{b}": tuple(self.name[self.params[i]] for i in idx)
-                for b, idx in enumerate(self.plan.buckets)}
 
 
 def _groups(params: Params, groups, strict: bool) -> Dict[torch.Tensor, Tuple[torch.Tensor, ...]]:
@@ -71,25 +63,26 @@ def _groups(params: Params, groups, strict: bool) -> Dict[torch.Tensor, Tuple[to
     return {p: tuple(g) for g in lists for p in g}
 
 
-def make_layout(param_groups: Sequence[dict], names: Dict[int, str], groups,
-                policy: CompressionPolicy, two_phase: bool, strict: bool = True) -> Layout:
-    """The layout of the parameters that require grad now. ``names``: id -> name given at
-    creation; a parameter added to the optimizer later is named by its position."""
+def agreement_entries(param_groups: Sequence[dict], names: Dict[int, str]) -> list:
+    """(name, shape, dtype, requires_grad) of every optimizer parameter, for the ranks-agree check."""
+    return [(names.get(id(p), f"param_groups.{i}.{j}"), tuple(p.shape), str(p.dtype).replace("torch.", ""),
+             bool(p.requires_grad)) for i, g in enumerate(param_groups) for j, p in enumerate(g["params"])]
+
+
+def make_layout(param_groups: Sequence[dict], names: Dict[int, str], groups, engine,
+                strict: bool = True, at_creation: bool = False) -> Layout:
+    """The layout of the parameters that require grad now, planned (and checked) by the engine.
+    ``names``: id -> name given at creation; a parameter added to the optimizer later is named
+    by its position."""
     params = [p for g in param_groups for p in g["params"] if p.requires_grad]
     pos = {id(p): f"param_groups.{i}.{j}" for i, g in enumerate(param_groups) for j, p in enumerate(g["params"])}
     name = {p: names.get(id(p), pos[id(p)]) for p in params}
-    plan = make_plan([name[p] for p in params], [p.numel() for p in params],
-                     [p.is_floating_point() for p in params], policy, two_phase)
-    bucket_of = {params[i]: b for b, idx in enumerate(plan.buckets) for i in idx}
     grouped = _groups(params, groups, strict)
+    plan = engine.set_layout([name[p] for p in params], [tuple(p.shape) for p in params],
+                             [p.is_floating_point() for p in params],
+                             tensors=agreement_entries(param_groups, names),
+                             groups={tuple(name[p] for p in g) for g in grouped.values()},
+                             at_creation=at_creation)
+    bucket_of = {params[i]: b for b, idx in enumerate(plan.buckets) for i in idx}
     plain = {p: tuple(q for q in g if q not in bucket_of) for p, g in grouped.items() if p not in bucket_of}
-    return Layout(params, name, grouped, plan, bucket_of, plain)
-
-
-def kept_buckets(old: Optional[Layout], new: Layout) -> List[str]:
-    """Buckets holding the same tensors in both layouts: their residuals stay, the others reset
-    (a residual belongs to the tensors of its bucket, in their order)."""
-    if old is None:
-        return []
-    before = old.bucket_members()
-    return [b for b, members in new.bucket_members().items() if before.get(b) == members]
+    return Layout(params, name, grouped, bucket_of, plain)

@@ -2,7 +2,8 @@
 import torch
 
 _DT = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
-       "int8": torch.int8, "uint8": torch.uint8, "int32": torch.int32}
+       "float64": torch.float64, "int8": torch.int8, "uint8": torch.uint8, "int32": torch.int32,
+       "int64": torch.int64}
 
 
 class TorchOps:
@@ -26,6 +27,9 @@ class TorchOps:
 
     def cast(self, x, dtype):
         return x.to(_DT[dtype])
+
+    def dtype(self, x):
+        return str(x.dtype).replace("torch.", "")
 
     def to_bytes(self, x):
         return x.contiguous().reshape(-1).view(torch.uint8)

@@ -43,10 +43,10 @@ def test_auto_through_elastic_resizes(tmp_path, monkeypatch):
     assert sizes[0] == 2 and 3 in sizes and sizes[-1] == 2, sizes
 
 
-# hvdp.keras: one codec for the model, chosen when the optimizer is built (TF on both
-# controllers, the torch backend over Gloo)
+# hvdp.keras: per bucket with the trial on the torch backend (its step is eager), one codec for
+# the model chosen before the step is traced on TF (TF on both controllers, torch over Gloo)
 KERAS_JOBS = [("gloo", "tensorflow"), ("mpi", "tensorflow"), ("gloo", "torch")]
-KERAS_CHECKS = ["probe", "forced", "disagreement"]
+KERAS_CHECKS = ["probe", "trial", "forced", "disagreement"]
 
 
 @functools.lru_cache(maxsize=None)

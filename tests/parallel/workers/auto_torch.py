@@ -72,16 +72,17 @@ def check_probe():
         print(f"  decision {dec}; probe {1e3 * stats['probe_wall_s']:.1f} ms; costs {stats['costs']}", flush=True)
     opt.check_agreement()  # after the probe: the digest covers the setting, not the measurements
     index = {p: i for i, p in enumerate(model.parameters())}
+    reduced = [p for p in model.parameters() if p.requires_grad]  # the engine's layout order
     for codec in sorted(set(c.split("(")[0] for c in dec.values())):
         twin = copy.deepcopy(model)
         fixed = make_opt(twin, codec, f"fixed{codec}")
         ref = step(twin, fixed, x[sl], y[sl], sync_only=True)
-        for b, idx in enumerate(opt._plan.buckets):
+        for b, idx in enumerate(opt.engine.plan.buckets):
             if dec[f"b{b}"].split("(")[0] == codec:
                 for i in idx:
-                    j = index[opt._params[i]]
+                    j = index[reduced[i]]
                     assert torch.equal(grads[j], ref[j]), f"bucket b{b} ({codec}): auto differs from fixed"
-    opt._clear_pending()  # what an elastic reset's restore/sync does
+    opt.abort_step()  # what an elastic reset's restore/sync does
     step(model, opt, x[sl], y[sl])
     assert opt.compression_stats()["auto"]["probes"] == 2
     same_on_every_rank(decision(opt), "auto's decision after a reset")

@@ -62,7 +62,7 @@ def run(case, rank):
     if case == "fail_int8" and rank == 1:
         # the failure is injected into the codec's decode, which the fused kernels bypass
         os.environ["HVDP_KERNELS"] = "off"
-        opt._reducer.codec = FailingDecode(opt._reducer.codec, at_call=3)
+        opt.engine.reducer.codec = FailingDecode(opt.engine.reducer.codec, at_call=3)
     for step in range(3):
         if case == "early_exit" and rank == 1:
             return  # e.g. a rank whose data ran out: it never calls step()

@@ -81,7 +81,8 @@ def run_loop(codec, steps, uneven_inputs=True):
     last = hvd.join()
     assert last == int(np.argmax(steps)), (last, steps)
     assert_identical(model, opt, f"loop.{codec}")
-    assert int(keras.ops.convert_to_numpy(opt.iterations)) == max(steps), int(keras.ops.convert_to_numpy(opt.iterations))
+    iterations = int(keras.ops.convert_to_numpy(opt.iterations))
+    assert iterations == max(steps), iterations
 
     res = residuals(opt)
     if res is not None:
@@ -113,9 +114,10 @@ def run_fit(codec, steps, with_join=True, epochs=2):
     hist = model.fit(x, y, batch_size=B, epochs=epochs, shuffle=False, verbose=0, callbacks=callbacks,
                      validation_data=(x[:B], y[:B]))
     assert_identical(model, opt, f"fit.{codec}")
-    assert int(keras.ops.convert_to_numpy(opt.iterations)) == epochs * max(steps), int(keras.ops.convert_to_numpy(opt.iterations))
+    iterations = int(keras.ops.convert_to_numpy(opt.iterations))
+    assert iterations == epochs * max(steps), iterations
     assert np.all(np.isfinite(hist.history["loss"]))
-    print(f"CHECK join-fit-{codec} OK rank={rank} iterations={int(keras.ops.convert_to_numpy(opt.iterations))}", flush=True)
+    print(f"CHECK join-fit-{codec} OK rank={rank} iterations={iterations}", flush=True)
 
 
 def run_nojoin(codec, steps):

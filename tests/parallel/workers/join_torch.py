@@ -52,7 +52,7 @@ def run(codec, steps, uneven_inputs=True):
     for i, p in enumerate(params):
         allp = hvd.allgather(p.detach().reshape(1, -1), name=f"join.ident.{codec}.{i}")
         assert all(torch.equal(allp[0], allp[r]) for r in range(size)), f"{codec}: param {i} differs"
-    counts = hvd.allgather_object(opt._step_count, name=f"join.count.{codec}")
+    counts = hvd.allgather_object(opt.engine.step, name=f"join.count.{codec}")
     assert counts == [max(steps)] * size, counts
 
     # residual rule
@@ -69,7 +69,7 @@ def run(codec, steps, uneven_inputs=True):
     # against the replayed contributions
     every_local = hvd.allgather_object(local, name=f"join.local.{codec}")
     every_res = hvd.allgather_object(res, name=f"join.res.{codec}") if res is not None else None
-    buckets = [tuple(idx) for idx in opt._plan.buckets]
+    buckets = [tuple(idx) for idx in opt.engine.plan.buckets]
     final = [p.detach().numpy() for p in params]
     err, bound = check_uneven_run(codec, every_local, steps, size, p0, final, LR, every_res, buckets)
     print(f"CHECK join-{codec} OK rank={rank} err={err:.3g} bound={bound:.3g}", flush=True)

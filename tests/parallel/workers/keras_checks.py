@@ -292,8 +292,8 @@ def check_resume_other_size():
     got = red.residual_state()
     kept = 0
     for b, idx in enumerate(red.plan.buckets):
-        n, k = sum(red.numels[i] for i in idx), f"b{b}"
-        old_padded = chunk_length(n, 2, red.codec.align) * 2
+        n, k = sum(red.engine.numels[i] for i in idx), f"b{b}"
+        old_padded = chunk_length(n, 2, red.engine.codec.align) * 2
         want = per_rank[0]["worker"][k] if old_padded == got["worker"][k].size else 0 * got["worker"][k]
         kept += old_padded == got["worker"][k].size
         np.testing.assert_array_equal(got["worker"][k], want)

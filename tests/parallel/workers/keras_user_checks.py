@@ -111,7 +111,7 @@ def check_refreeze(passes=1):
                   callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
 
     def planned():
-        return sum(opt._hvdp.numels[i] for idx in opt._hvdp.plan.buckets for i in idx)
+        return sum(opt._hvdp.engine.numels[i] for idx in opt._hvdp.plan.buckets for i in idx)
 
     fit()
     everything = sum(int(np.prod(w.shape)) for w in model.trainable_weights)

@@ -86,27 +86,27 @@ def check_dp_codecs():
             err = max(float(np.abs(g - np.mean([pr[i] for pr in per_rank], 0)).max()) for i, g in enumerate(got))
             assert err <= 1e-6, err
         else:
-            err = check_reduced(opt._codec, per_rank, got, opt._plan.buckets)
+            err = check_reduced(opt.engine.settings.codec, per_rank, got, opt.engine.plan.buckets)
         # what the same codec would give over the whole world, against what it gives over the group
-        if opt._codec.summable:
+        if opt.engine.settings.codec.summable:
             near, far = err, max(float((torch.from_numpy(g) - w.double().mean(0).float()).abs().max())
                                  for g, w in zip(got, world))
         else:
-            near, far = (max(float(np.abs(mine - reference_two_phase(opt._codec, flats)).max())
-                             for mine, flats in bucket_flats(opt._plan.buckets, got, ranks))
+            near, far = (max(float(np.abs(mine - reference_two_phase(opt.engine.settings.codec, flats)).max())
+                             for mine, flats in bucket_flats(opt.engine.plan.buckets, got, ranks))
                          for ranks in (per_rank, [[w[r].numpy() for w in world] for r in range(hvd.size())]))
         assert far > 10 * max(near, 1e-6), f"{name}: the result is as close to the world's reduction ({far:.3g})"
         stats = opt.compression_stats()["last_step"]
-        sizes = [sum(p.numel() for i, p in enumerate(model.parameters()) if i in b) for b in opt._plan.buckets]
-        if opt._reducer is None:  # Horovod's allreduce inside the set: a ring of 2
+        sizes = [sum(p.numel() for i, p in enumerate(model.parameters()) if i in b) for b in opt.engine.plan.buckets]
+        if opt.engine.reducer is None:  # Horovod's allreduce inside the set: a ring of 2
             wire = {"none": 4, "fp16": 2}[name]
             want = sum(ring_allreduce_bytes(wire * p.numel(), mesh.dp_size) for p in model.parameters())
         else:
-            codec = opt._codec
+            codec = opt.engine.settings.codec
             chunks = [chunk_length(n, mesh.dp_size, codec.align) for n in sizes]
             want = sum(two_phase_bytes(codec.payload_nbytes(c), mesh.dp_size) for c in chunks)
-            if opt._reducer.error_feedback:
-                lens = sorted(int(v.numel()) for v in opt._reducer.worker_residual.values())
+            if opt.engine.reducer.error_feedback:
+                lens = sorted(int(v.numel()) for v in opt.engine.reducer.worker_residual.values())
                 assert lens == sorted(2 * c for c in chunks), (lens, chunks)
         assert abs(stats[name]["sent"] - want) < 1e-6, (name, stats[name]["sent"], want)
         print(f"  {name}: max |err| vs the DP group's average {err:.3g}; vs the group's reduction "
@@ -145,13 +145,13 @@ def check_dp_optimizer_state():
         g["momentum"] = 0.9 - 0.1 * hvd.rank()
     for st in opt.state.values():
         st["momentum_buffer"].add_(float(hvd.rank()))
-    residual = {k: v.clone() for k, v in opt._reducer.worker_residual.items()}
+    residual = {k: v.clone() for k, v in opt.engine.reducer.worker_residual.items()}
     hvd.broadcast_optimizer_state(opt, root_rank=mesh.dp_root, process_set=mesh.dp)
     assert opt.param_groups[0]["momentum"] == 0.9 - 0.1 * mesh.dp_root
     for i, p in enumerate(model.parameters()):
         buf = gather(opt.state[p]["momentum_buffer"], f"os.{i}", mesh.dp)
         assert torch.equal(buf[0], buf[1]), f"momentum of parameter {i} differs inside the DP group"
-    mine = opt._reducer.worker_residual
+    mine = opt.engine.reducer.worker_residual
     assert residual and all(torch.equal(mine[k], v) for k, v in residual.items()), "residuals are per worker"
 
 

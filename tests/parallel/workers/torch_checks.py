@@ -148,7 +148,7 @@ def check_codecs():
                     for i, q in enumerate(twin.parameters())]
         per_rank = [[e[r].numpy() for e in everyone] for r in range(hvd.size())]
         got = [p.grad.reshape(-1).numpy() for p in model.parameters()]
-        err = check_reduced(opt._codec, per_rank, got, opt._plan.buckets)
+        err = check_reduced(opt.engine.settings.codec, per_rank, got, opt.engine.plan.buckets)
         print(f"  {name}: max |err| vs exact average {err:.3g}", flush=True)
 
 
@@ -168,7 +168,7 @@ def check_state_dict_carries_error_feedback():
                                     policy=hvd.CompressionPolicy(min_elements=1))
     opt2.load_state_dict(sd)
     for k, v in res.items():
-        assert torch.equal(opt2._reducer.worker_residual[k], v)
+        assert torch.equal(opt2.engine.reducer.worker_residual[k], v)
     train(model, opt, x[sl], y[sl], 1)
     train(model2, opt2, x[sl], y[sl], 1)
     params_close(model, model2, tol=0.0)  # the same residuals give the same next step
@@ -305,12 +305,12 @@ def check_checkpoint_resume():
     sl = my_slice(len(x))
     train(model, opt, x[sl], y[sl], 3)
     hvd.save_checkpoint(path, model, opt, epoch=7)
-    mine = {k: v.clone() for k, v in opt._reducer.worker_residual.items()}
+    mine = {k: v.clone() for k, v in opt.engine.reducer.worker_residual.items()}
     model2 = model_and_data(seed=99)[0]
     opt2 = make(model2)
     assert hvd.load_checkpoint(path, model2, opt2) == {"epoch": 7}
     for k, v in mine.items():  # this rank's own residuals, not rank 0's
-        assert torch.equal(opt2._reducer.worker_residual[k], v)
+        assert torch.equal(opt2.engine.reducer.worker_residual[k], v)
     train(model, opt, x[sl], y[sl], 1)
     train(model2, opt2, x[sl], y[sl], 1)
     params_close(model, model2, tol=0.0)

@@ -53,7 +53,7 @@ def assert_reduced(codec, opt, locals_, got, tag):
         return
     per_rank = [[e[r].float().numpy() for e in everyone] for r in range(hvd.size())]
     check_reduced(codec, per_rank, [g.detach().float().reshape(-1).numpy() for g in got],
-                  opt._plan.buckets)
+                  opt.engine.plan.buckets)
 
 
 # --- row 3: two optimizers in flight ----------------------------------------------------------
@@ -104,7 +104,7 @@ def check_bf16():
                                              named_parameters=m.named_parameters(), compression=codec,
                                              groups=groups or None)
                     for m in (m16, m32)]
-            assert opts[0]._plan.buckets or codec in ("none", "fp16"), "no two-phase bucket tested"
+            assert opts[0].engine.plan.buckets or codec in ("none", "fp16"), "no two-phase bucket tested"
             ce(twin(x[sl].bfloat16()), y[sl]).backward()
             ce(m16(x[sl].bfloat16()), y[sl]).backward()  # through the hooks, as in training
             for p, q in zip(m32.parameters(), twin.parameters()):

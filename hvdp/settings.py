@@ -1,0 +1,128 @@
+"""What an hvdp DistributedOptimizer reduces with, frozen, and what the engine needs from a framework.
+
+:class:`ReduceSettings` is made once by an adapter from the user's arguments (checked there,
+with messages that name the fix) and gives the one answer the rest of hvdp asks for: is this
+a two-phase codec, does it keep error feedback, how is it named to the user and to the
+ranks-agree check. :class:`Store` and :class:`PlainPath` are the two framework pieces the
+engine (``hvdp.engine``) is handed besides the array ops and the collectives.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, List, Optional, Protocol, Sequence, Tuple
+
+from .codecs.auto import Auto
+from .collectives import AVERAGE, SUM
+from .plan import CompressionPolicy
+
+Array = Any
+
+
+@dataclass(frozen=True)
+class ReduceSettings:
+    """The settings every rank must share.
+
+    Args:
+        codec: a codec (``hvdp.codecs``), an :class:`~hvdp.codecs.auto.Auto`, or None when a
+            Horovod ``Compressor`` does the work (compress, sum, decompress, as in Horovod).
+        policy: what is compressed, and when.
+        op: ``hvdp.collectives.AVERAGE`` or ``SUM``.
+        predivide: Horovod's ``gradient_predivide_factor`` (divide before the sum, multiply after).
+        backward_passes: Horovod's ``backward_passes_per_step``.
+        sparse_as_dense: sparse gradients reduced as dense ones.
+        uneven_inputs: ranks may ``hvd.join()`` with any codec (``hvdp.join``).
+        compressor: the Horovod compressor's name, with ``codec=None``.
+        instance: the optimizer's number on its process set (its collectives' names).
+        extra: (name, value) pairs an adapter adds (Keras's ``average_aggregated_gradients``).
+
+    Example::
+
+        ReduceSettings(get("int8"), CompressionPolicy(), op=AVERAGE).two_phase   # True
+    """
+
+    codec: Any
+    policy: CompressionPolicy
+    op: str = AVERAGE
+    predivide: float = 1.0
+    backward_passes: int = 1
+    sparse_as_dense: bool = False
+    uneven_inputs: bool = False
+    compressor: str = ""
+    instance: int = 0
+    extra: Tuple[Tuple[str, Any], ...] = ()
+
+    def __post_init__(self):
+        if not isinstance(self.policy, CompressionPolicy):
+            raise TypeError("policy must be an hvdp.CompressionPolicy, e.g. "
+                            "hvdp.CompressionPolicy(min_elements=4096)")
+        if self.op not in (AVERAGE, SUM):
+            raise ValueError(f"op must be average or sum, got {self.op!r}")
+        if self.predivide != 1.0 and self.op != AVERAGE:
+            raise ValueError("gradient_predivide_factor is only supported with op=hvd.Average")
+        if self.backward_passes < 1:
+            raise ValueError(f"backward_passes_per_step must be >= 1, got {self.backward_passes}")
+        if self.codec is None and not self.compressor:
+            raise ValueError("ReduceSettings: codec=None needs the Horovod compressor's name")
+
+    @property
+    def auto(self) -> bool:
+        return isinstance(self.codec, Auto)
+
+    @property
+    def two_phase(self) -> bool:
+        """Whether the compressed buckets go through the two-phase reduction (alltoall +
+        allgather): auto (it may choose such a codec) and every codec a sum would break."""
+        return self.codec is not None and (self.auto or not self.codec.summable)
+
+    def error_feedback(self, codec) -> bool:
+        """Whether ``codec`` keeps error-feedback residuals: the policy's word, else the codec's default."""
+        ef = self.policy.error_feedback
+        return codec.error_feedback_default if ef is None else bool(ef)
+
+    @property
+    def compression(self) -> str:
+        """The setting as the user and the ranks-agree check see it (auto's settings, not one
+        rank's measured choice)."""
+        return str(self.codec) if self.codec is not None else f"horovod:{self.compressor}"
+
+    @property
+    def codec_name(self) -> str:
+        """The short name in messages ("int8", "auto", "horovod")."""
+        return self.codec.name if self.codec is not None else "horovod"
+
+
+def compressor_name(compressor) -> str:
+    """A Horovod ``Compressor``'s name (its classes are used uncalled, as Horovod documents)."""
+    if compressor is None:
+        return ""
+    return getattr(compressor, "__qualname__", type(compressor).__name__)
+
+
+class Store(Protocol):
+    """Where a reducer keeps its residuals, by bucket name (``hvdp.twophase.DictStore``; a graph
+    framework's store keeps variables that survive across traced steps)."""
+
+    def create(self, name: str, n: int) -> None:
+        """Make sure an n-element residual can be set under ``name`` (a graph store makes its
+        variable now, before a step is traced; an eager store has nothing to do)."""
+
+    def get(self, name: str) -> Optional[Array]: ...
+    def set(self, name: str, value: Array) -> None: ...
+    def snapshot(self) -> dict: ...
+    def restore(self, data: dict) -> None: ...
+
+
+class PlainPath(Protocol):
+    """Horovod's own allreduce of whole tensors (the framework's part): a cast to ``wire`` (or
+    the settings' Horovod compressor), the sum or average, the cast back. Sparse gradients go
+    through Horovod's sparse path unless the settings say ``sparse_as_dense``."""
+
+    def submit(self, grads: Sequence[Array], name: str, wire: Optional[str]) -> List[Tuple[Any, int]]:
+        """Start one allreduce (grouped for several tensors): (pending, bytes handed) per tensor.
+        ``wire``: the cast's dtype, or None when the Horovod compressor decides."""
+
+    def finish(self, pending) -> Array:
+        """Wait and return the reduced tensor in the gradient's dtype."""
+
+    def is_sparse(self, g: Array) -> bool: ...
+    def dense(self, g: Array) -> Array: ...
