@@ -21,8 +21,14 @@ demo: setup
 	    -e '/^WARNING: All log messages before absl/d' -e '/^I0000 .*port.cc/d'
 
 test: setup
+	$(VENV)/bin/ruff check --quiet .
 	@$(MKDOCS_BUILD)
 	$(PY) -m pytest -q tests
+
+# ruff's rules and line length: pyproject.toml [tool.ruff]; also the first step of `make test`
+.PHONY: lint
+lint: setup
+	$(VENV)/bin/ruff check --quiet .
 
 test-unit: setup
 	$(PY) -m pytest -q tests/unit

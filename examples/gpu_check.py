@@ -90,7 +90,8 @@ def check_kernels(hvd, dev):
     if kern is not None:
         ref = codec.encode(NumpyOps(), x.cpu().numpy())
         same = np.array_equal(kern.encode(x).cpu().numpy(), ref)
-        report("kernel_payload_cuda", same, f"{x.numel()} values: payload {'identical to' if same else 'DIFFERENT from'} numpy's")
+        report("kernel_payload_cuda", same,
+               f"{x.numel()} values: payload {'identical to' if same else 'DIFFERENT from'} numpy's")
 
 
 def check_kernel_training(hvd, dev, steps=5, width=4096):

@@ -4,9 +4,10 @@
 One program handles ``ROWS`` whole blocks: it loads them once, keeps each block's absmax in
 registers, and writes the int8 codes, the scales and (with error feedback) the new residual in
 the same pass. Exactness against the numpy reference needs IEEE division and round-half-even
-(``div_rn``, and rounding by the float32 addition itself), no fused multiply-add (the reference rounds ``q * s`` before adding) and
-no flushing of subnormals: the launches pass ``enable_fp_fusion=False`` and
-``enable_reflect_ftz=False``. ``TRITON_INTERPRET=1`` runs the same kernels on the CPU (tests).
+(``div_rn``, and rounding by the float32 addition itself), no fused multiply-add (the reference
+rounds ``q * s`` before adding) and no flushing of subnormals: the launches pass
+``enable_fp_fusion=False`` and ``enable_reflect_ftz=False``. ``TRITON_INTERPRET=1`` runs the
+same kernels on the CPU (tests).
 """
 import torch
 import triton

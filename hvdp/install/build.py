@@ -151,7 +151,8 @@ def install(python: str, wheel: str, say: Say) -> None:
 
 # run by the target interpreter; the framework is imported there by name (hvdp's own modules
 # import no framework)
-_LOAD = "import importlib; fw = importlib.import_module({fw!r}); h = importlib.import_module('horovod.{fw}'); h.init(); "
+_LOAD = ("import importlib; fw = importlib.import_module({fw!r}); "
+         "h = importlib.import_module('horovod.{fw}'); h.init(); ")
 _ALLREDUCE = {
     "torch": _LOAD.format(fw="torch")
     + "v = h.allreduce(fw.arange(4.0), op=h.Sum); assert v.tolist() == [0.0, 1.0, 2.0, 3.0], v",

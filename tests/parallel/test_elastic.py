@@ -59,4 +59,5 @@ def test_resize_two_three_two(tmp_path, script):
     steps, _ = eh.audit(str(tmp_path), NUM_TRAIN, 3)
     sizes = [s["size"] for s in steps]
     assert sizes[0] == 2 and 3 in sizes and sizes[-1] == 2, sizes
-    print(f"\nresize run ({script}): sizes by step {sizes[0]} -> {max(sizes)} -> {sizes[-1]}, {len(steps)} committed steps")
+    print(f"\nresize run ({script}): sizes by step {sizes[0]} -> {max(sizes)} -> {sizes[-1]}, "
+          f"{len(steps)} committed steps")

@@ -121,9 +121,9 @@ def test_refusal_names_the_fix():
 
 
 def test_registry_is_weak_and_ordered():
-    class O:
+    class Obj:
         pass
-    reg, a, b = Registry(), O(), O()
+    reg, a, b = Registry(), Obj(), Obj()
     reg.add(a)
     reg.add(b)
     assert reg.alive() == [a, b]

@@ -69,7 +69,8 @@ def test_torch_backend_runs_the_same_codecs_as_the_numpy_reference():
             "x = np.random.default_rng(5).standard_normal(4096).astype(np.float32)\n"
             "for n in ['fp16', 'bf16', 'int8', 'topk']:\n"
             "    c = codecs.get(n)\n"
-            "    assert np.array_equal(c.encode(B.ops, torch.from_numpy(x.copy())).numpy(), c.encode(NumpyOps(), x)), n\n"
+            "    got = c.encode(B.ops, torch.from_numpy(x.copy())).numpy()\n"
+            "    assert np.array_equal(got, c.encode(NumpyOps(), x)), n\n"
             "print('SAME')")
     r = _run(code, "torch")
     assert r.stdout.strip().endswith("SAME"), r.stderr[-3000:]
