@@ -43,7 +43,7 @@ import urllib.request
 from contextlib import contextmanager
 from typing import Callable, Iterator, List, Mapping, Optional
 
-from .config import HVDP_FAILURE_BOARD
+from .config import HVDP_FAILURE_BOARD, elastic_mode
 
 SHUTDOWN_TEXT = "Horovod has been shut down"
 MAX_TEXT = 600          # characters of the failing exception kept in a report
@@ -224,7 +224,7 @@ class FailureReporter:
         """The adapters' reporter on ``hvd`` (horovod.torch or horovod.tensorflow): its rank, size
         and shutdown. In an elastic job (``HOROVOD_ELASTIC=1``) a failed rank does not linger
         (the others recover rather than stop) and a survivor waits ``elastic_wait_s`` for a report."""
-        elastic = os.environ.get("HOROVOD_ELASTIC") == "1"
+        elastic = elastic_mode()
         return cls(hvd.rank, wait_s=elastic_wait_s if elastic else 1.0, get_size=hvd.size,
                    shutdown=hvd.shutdown, linger_s=0.0 if elastic else LINGER_S)
 

@@ -22,6 +22,8 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
+from .config import elastic_mode
+
 AXES = ("pp", "dp", "tp")  # outermost first; the order of a rank's digits
 HOROVOD_DYNAMIC_PROCESS_SETS = "HOROVOD_DYNAMIC_PROCESS_SETS"
 
@@ -144,7 +146,7 @@ def dynamic_enabled(environ=None) -> bool:
 
 def elastic_refusal(environ=None) -> Optional[str]:
     """Why a mesh cannot be made in this job (Horovod elastic), or None."""
-    if (environ if environ is not None else os.environ).get("HOROVOD_ELASTIC") == "1":
+    if elastic_mode(environ):
         return ("hvdp: a ProcessMesh cannot be used in an elastic job: Horovod's elastic mode does "
                 "not keep process sets across a reset (the mesh's groups would silently vanish or "
                 "no longer fit the new world size). Launch without --elastic / --host-discovery-script "

@@ -46,12 +46,12 @@ from hvdp.join import JoinRefused  # noqa: E402,F401
 from hvdp.plan import CompressionPolicy  # noqa: E402,F401
 
 from . import callbacks, elastic  # noqa: E402,F401
-from .checkpoint import load_checkpoint, save_checkpoint  # noqa: E402,F401
+from .checkpoint import save_checkpoint  # noqa: E402,F401
 from .functions import broadcast_global_variables, broadcast_variables  # noqa: E402,F401
 from .join import join  # noqa: E402,F401  (Horovod's join, safe with every codec: hvdp.join)
 from .mesh import ProcessMesh  # noqa: E402,F401  (DP x TP x PP groups as process sets: hvdp.mesh)
 from .optimizer import DistributedOptimizer  # noqa: E402,F401
-from .saving import load_model  # noqa: E402,F401
+from .saving import load_checkpoint, load_model  # noqa: E402,F401
 from .syncbn import SyncBatchNormalization  # noqa: E402,F401
 
 if _B.name == "tensorflow":

@@ -3,8 +3,9 @@
 A ``.keras`` file is a zip archive; rank 0 writes the model (with its optimizer state) as Keras
 does, adds every rank's residuals beside it (``hvdp/residuals.json`` + ``hvdp/residuals.npz``,
 ignored by stock ``keras.models.load_model``) and renames the whole into place atomically. On
-load each rank takes its own residuals back; at another number of workers the rule of
-``hvdp.twophase.TwoPhaseReducer.load_state_dict`` applies (a worker residual is kept where its
+load (``saving``: ``hvd.load_model``, ``hvd.load_checkpoint``; it imports this module, not the
+other way round) each rank takes its own residuals back; at another number of workers the rule
+of ``hvdp.twophase.TwoPhaseReducer.load_state_dict`` applies (a worker residual is kept where its
 padded bucket length is unchanged, the server residual restarts from zero), and a rank that did
 not exist when saving starts from zero.
 """
@@ -112,32 +113,3 @@ def save_checkpoint(path, model, **extra):
     if B.hvd.rank() == 0:
         writer.save(path)
     B.hvd.broadcast_object(None, root_rank=0, name="hvdp.ckpt.done")  # rank 0 is done writing
-
-
-def load_checkpoint(path, model=None, **load_model_kwargs):
-    """Every rank reads ``path``: the model and optimizer state, and its own residuals.
-
-    With ``model`` (compiled with an ``hvd.DistributedOptimizer``) the state is loaded into it;
-    without, ``hvd.load_model(path, **load_model_kwargs)`` makes it (``compression=``, ...).
-
-    Returns:
-        ``(model, extra)``: ``extra`` holds the values given to :func:`save_checkpoint`.
-
-    Example::
-
-        model, extra = hvd.load_checkpoint("ckpt.keras", compression="int8")
-        model.fit(x, y, initial_epoch=extra["epoch"] + 1, ...)
-    """
-    if model is None:
-        from .saving import load_model
-        model = load_model(path, **load_model_kwargs)
-    else:
-        opt = getattr(model, "optimizer", None)
-        if getattr(opt, "_hvdp", None) is None:
-            raise ValueError("hvd.load_checkpoint(path, model): compile the model with an "
-                             "hvd.DistributedOptimizer first, or pass no model to load it from the file")
-        if not opt.built:
-            opt.build(model.trainable_variables)
-        model.load_weights(path)
-        restore_residuals(model, path)
-    return model, read_residuals(path)[1]

@@ -1,12 +1,15 @@
-"""``hvd.load_model``: a saved Keras model back with its optimizer made distributed, as in Horovod.
+"""``hvd.load_model`` and ``hvd.load_checkpoint``: a saved Keras model back with its optimizer made
+distributed, as in Horovod, and each rank's error-feedback residuals with it.
 
 hvdp's optimizer is saved as the user's own optimizer class (see ``optimizer._serialise_as``), so
 stock ``keras.models.load_model`` already loads it with its state; this adds the wrapping, and the
 error-feedback residuals that ``hvd.callbacks.ModelCheckpoint`` / ``hvd.save_checkpoint`` keep.
+The file format (residuals beside the model in the ``.keras`` archive) and the writing side live
+in ``checkpoint``; this module only reads (the dependency goes one way: saving -> checkpoint).
 """
 import keras
 
-from .checkpoint import restore_residuals
+from .checkpoint import read_residuals, restore_residuals
 from .optimizer import DistributedOptimizer
 
 
@@ -36,3 +39,31 @@ def load_model(filepath, custom_optimizers=None, custom_objects=None, compressio
         model.train_function = None  # the next fit traces a step with the distributed apply
         restore_residuals(model, filepath)
     return model
+
+
+def load_checkpoint(path, model=None, **load_model_kwargs):
+    """Every rank reads ``path``: the model and optimizer state, and its own residuals.
+
+    With ``model`` (compiled with an ``hvd.DistributedOptimizer``) the state is loaded into it;
+    without, ``hvd.load_model(path, **load_model_kwargs)`` makes it (``compression=``, ...).
+
+    Returns:
+        ``(model, extra)``: ``extra`` holds the values given to ``hvd.save_checkpoint``.
+
+    Example::
+
+        model, extra = hvd.load_checkpoint("ckpt.keras", compression="int8")
+        model.fit(x, y, initial_epoch=extra["epoch"] + 1, ...)
+    """
+    if model is None:
+        model = load_model(path, **load_model_kwargs)
+    else:
+        opt = getattr(model, "optimizer", None)
+        if getattr(opt, "_hvdp", None) is None:
+            raise ValueError("hvd.load_checkpoint(path, model): compile the model with an "
+                             "hvd.DistributedOptimizer first, or pass no model to load it from the file")
+        if not opt.built:
+            opt.build(model.trainable_variables)
+        model.load_weights(path)
+        restore_residuals(model, path)
+    return model, read_residuals(path)[1]

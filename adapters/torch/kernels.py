@@ -6,7 +6,8 @@ Triton) never imports it; CPU tensors are served by the core's C kernels through
 """
 import torch
 
-from hvdp.kernels.registry import Unavailable, register
+from hvdp.kernels.base import Unavailable
+from hvdp.kernels.registry import register
 
 _cache = {}
 

@@ -18,6 +18,11 @@ from ..codecs.base import Codec
 Array = Any
 
 
+class Unavailable(Exception):
+    """Raised by a kernel provider that cannot serve (no compiler, a device it does not handle);
+    the message says why and how to fix it."""
+
+
 @runtime_checkable
 class CodecKernels(Protocol):
     """Fused phases of one codec (int8 with a given block_size; bf16; fp16) on one device.

@@ -18,7 +18,7 @@ import tempfile
 from functools import lru_cache
 from typing import Tuple
 
-from .registry import Unavailable
+from .base import Unavailable
 
 BASE_FLAGS = ("-O3", "-std=c99", "-fno-strict-aliasing", "-ffp-contract=off", "-fPIC", "-shared")
 ARCH_FLAGS = ("-march=native",)

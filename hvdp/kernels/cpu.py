@@ -11,7 +11,8 @@ import os
 
 import numpy as np
 
-from .registry import Unavailable, register
+from .base import Unavailable
+from .registry import register
 
 _SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cpu_codecs.c")
 _I64, _F32, _INT, _P = ctypes.c_int64, ctypes.c_float, ctypes.c_int, ctypes.c_void_p

@@ -16,14 +16,10 @@ import os
 from typing import Any, Callable, List, Optional, Tuple
 
 from ..config import HVDP_KERNELS
-from .base import CodecKernels
+from .base import CodecKernels, Unavailable  # Unavailable also importable from here, as before
 
 Provider = Callable[[Any, Any, Any], Optional[CodecKernels]]
 MODES = ("auto", "off")
-
-
-class Unavailable(Exception):
-    """Raised by a provider that cannot serve; the message says why and how to fix it."""
 
 
 _PROVIDERS: List[Tuple[str, Provider]] = []

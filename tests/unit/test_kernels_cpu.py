@@ -5,8 +5,8 @@ import pytest
 
 from hvdp import codecs
 from hvdp.kernels import registry
+from hvdp.kernels.base import Unavailable
 from hvdp.kernels.build import find_compiler
-from hvdp.kernels.registry import Unavailable
 from hvdp.ops import NumpyOps
 
 OPS = NumpyOps()

@@ -5,9 +5,8 @@ import pytest
 
 from hvdp import codecs
 from hvdp.collectives import AVERAGE, SUM
-from hvdp.kernels import registry
+from hvdp.kernels.base import Unavailable
 from hvdp.kernels.build import find_compiler
-from hvdp.kernels.registry import Unavailable
 from hvdp.ops import NumpyOps
 from hvdp.simcomm import FakeGroup
 from hvdp.stats import WireStats
