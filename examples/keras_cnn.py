@@ -78,7 +78,8 @@ def main(argv=None):
     if hvd.rank() == 0:
         rate = len(mine) * args.epochs * hvd.size() / elapsed
         print(f"test accuracy {acc:.4f}  test loss {test_loss:.4f}  |  {rate:.0f} samples/s over {hvd.size()} "
-              f"worker(s)  |  compression {stats['codec']}: wire bytes {stats['total']['all']['ratio']:.3f} of float32  |  "
+              f"worker(s)  |  compression {stats['codec']}: "
+              f"wire bytes {stats['total']['all']['ratio']:.3f} of float32  |  "
               f"ranks differ by {diff:.3g}", flush=True)
         if args.json_out:
             with open(args.json_out, "w") as f:

@@ -45,3 +45,14 @@ class Collectives(Protocol):
 
     def wait(self, handle: Handle) -> Array:
         """Block until a handle is done and return its output."""
+
+
+def allreduce_recorded(comm: Collectives, x: Array, name: str, op: str, postscale: float, stats,
+                       label: str, elements: int, nbytes: int) -> Handle:
+    """A flat buffer's allreduce (the reducers' whole-bucket path), its bytes recorded in
+    ``stats`` (a ``WireStats`` or None); on one worker the buffer itself, scaled."""
+    if stats is not None:
+        stats.record_allreduce(label, elements, nbytes, comm.size)
+    if comm.size > 1:
+        return comm.allreduce_async(x, name, op, 1.0, postscale)
+    return x if postscale == 1.0 else x * postscale

@@ -29,19 +29,19 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import time
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 from . import agreement
 from .auto import CostTable, decide_uniform
 from .chooser import Chooser
+from .config import elastic_mode
 from .join import JoinableReducer
 from .mixed import MixedReducer
 from .plan import Plan, make_plan
 from .probe import measure
-from .settings import PlainPath, ReduceSettings
-from .stats import WireStats, ring_allreduce_bytes
+from .settings import PlainPath, ReduceSettings, is_two_phase
+from .stats import WireStats
 from .twophase import TwoPhaseReducer
 
 Array = Any
@@ -103,15 +103,15 @@ class Engine:
         self.stats = WireStats()
         self._templates: Dict[Tuple[bool, bool], dict] = {}
         if self.chooser is not None:
-            self.reducer = MixedReducer(ops, comm, self._two_phase, settings.op, settings.predivide, self.stats)
-        elif self.codec is not None and not self.codec.summable:
-            self.reducer = self._two_phase(self.codec, comm)
+            self.reducer = MixedReducer(ops, comm, self._make_two_phase, settings.op, settings.predivide, self.stats)
+        elif is_two_phase(self.codec):
+            self.reducer = self._make_two_phase(self.codec, comm)
 
     # --- reducers -------------------------------------------------------------------------------
     def _is_joined(self) -> bool:
         return self._joined() if self._joined is not None else self._join_flag
 
-    def _two_phase(self, codec, comm):
+    def _make_two_phase(self, codec, comm):
         """The reducer of a two-phase codec, as training runs it; on another comm (auto's
         loop-back probe) without statistics, residual stores of the adapter or join control."""
         s, own = self.settings, comm is self.comm
@@ -121,6 +121,12 @@ class Engine:
         r = TwoPhaseReducer(run, self.ops, comm, s.error_feedback(codec), s.op, s.predivide,
                             self.stats if own else None, *stores)
         return JoinableReducer(r, self._is_joined) if (own and s.uneven_inputs) else r
+
+    @property
+    def two_phase(self) -> bool:
+        """Whether compressed buckets go through the two-phase reduction: the codec run now
+        (auto's uniform choice once made), else the setting."""
+        return is_two_phase(self.codec) if self.codec is not None else self.settings.two_phase
 
     @property
     def uses_two_phase(self) -> bool:
@@ -160,8 +166,7 @@ class Engine:
                 self.check(tensors, at_creation)  # would not probe, and the others would wait
                 checked = True
             self._decide_uniform()
-        two_phase = self.settings.two_phase if self.codec is None else not self.codec.summable
-        self.plan = make_plan(self.names, self.numels, floating, pol, two_phase)
+        self.plan = make_plan(self.names, self.numels, floating, pol, self.two_phase)
         if self.reducer is not None:
             keep = {b for b, m in self.bucket_members().items() if before.get(b) == m}
             for store in (self.reducer.worker, self.reducer.server):
@@ -195,12 +200,12 @@ class Engine:
             t0 = time.perf_counter()
             with self._eager():
                 table = measure(self.comm, self.ops, None, list(buckets.values()), auto.candidates,
-                                self._two_phase, self.gather)
+                                self._make_two_phase, self.gather)
             probed, wall = True, time.perf_counter() - t0
         codec, total = decide_uniform(buckets, auto.candidates, table, auto.margin)
         if self.codec is None or str(codec) != str(self.codec):
             self.codec = codec
-            self.reducer = None if codec.summable else self._two_phase(codec, self.comm)
+            self.reducer = self._make_two_phase(codec, self.comm) if is_two_phase(codec) else None
         self.uniform = {"settings": str(auto), "decided": True, "phase": None, "per_bucket": False,
                         "codec": str(codec), "buckets": [{"bucket": b, "elements": n, "codec": str(codec)}
                                                          for b, n in buckets.items()],
@@ -222,7 +227,7 @@ class Engine:
         """Raise the same :class:`~hvdp.agreement.DisagreementError` on every rank unless all
         reduce the same tensors the same way. In an elastic job a worker that joins later makes
         its optimizer alone, so the check at creation waits for the state's ``sync``."""
-        if self.comm.size <= 1 or (at_creation and os.environ.get("HOROVOD_ELASTIC") == "1"):
+        if self.comm.size <= 1 or (at_creation and elastic_mode()):
             return
         agreement.check(self.describe(tensors), self.gather, "the DistributedOptimizer",
                         what=self.tensor_word, name="hvdp.agree.optimizer")
@@ -236,7 +241,7 @@ class Engine:
 
         def probe(sizes):
             return measure(self.comm, self.ops, like, list(sizes.values()), ch.settings.candidates,
-                           self._two_phase, self.gather, sync=sync)
+                           self._make_two_phase, self.gather, sync=sync)
         ch.ensure(self.bucket_sizes(), self.reducer, self.comm.size, probe, self.gather)
 
     def start_plain(self, grads: Sequence[Array], name: str, compress: Optional[bool] = None) -> list:
@@ -251,9 +256,8 @@ class Engine:
         else:
             label, wire = "none", "float32"
         out = self.plain.submit(grads, name, wire)
-        p = self.comm.size
-        for (_, nbytes), n in zip(out, (self._numel(g) for g in grads)):
-            self.stats.record(label, n, nbytes, ring_allreduce_bytes(nbytes, p), ring_allreduce_bytes(4 * n, p))
+        for (_, nbytes), g in zip(out, grads):
+            self.stats.record_allreduce(label, self._numel(g), nbytes, self.comm.size)
         return [pend for pend, _ in out]
 
     def _numel(self, g) -> int:

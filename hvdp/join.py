@@ -33,8 +33,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, List
 
-from .collectives import AVERAGE
-from .stats import ring_allreduce_bytes
+from .collectives import AVERAGE, allreduce_recorded
 
 CONTROL_NAME = "hvdp.join.active"
 
@@ -93,7 +92,7 @@ class JoinableReducer:
         if not self.joined():
             return self.inner.start(name, flat)
         r = self.inner
-        ops, p = r.ops, r.comm.size
+        ops = r.ops
         n = ops.size(flat)
         _, padded = r.layout(n)
         x = flat if padded == n else ops.cat([flat, ops.zeros(padded - n, "float32", like=flat)])
@@ -102,10 +101,8 @@ class JoinableReducer:
             if prev is not None and ops.size(prev) == padded:
                 x = x + prev
                 r.worker.set(name, ops.zeros(padded, "float32", like=flat))  # sent whole: nothing owed
-        if r.stats is not None:
-            fp32 = ring_allreduce_bytes(4 * n, p)
-            r.stats.record("none", n, handed=4 * padded, sent=fp32, fp32=fp32)
-        handle = r.comm.allreduce_async(x, f"hvdp.join.{name}", r.op, 1.0, r.postscale)
+        handle = allreduce_recorded(r.comm, x, f"hvdp.join.{name}", r.op, r.postscale, r.stats, "none", n,
+                                    4 * padded)
         return _JoinedPending(name, n, handle)
 
     def exchange(self, pend) -> None:

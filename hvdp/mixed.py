@@ -15,8 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Mapping, Optional
 
-from .collectives import AVERAGE
-from .stats import WireStats, ring_allreduce_bytes
+from .collectives import AVERAGE, allreduce_recorded
+from .stats import WireStats
 
 
 @dataclass
@@ -107,17 +107,10 @@ class MixedReducer:
                                f"for this layout (known: {', '.join(sorted(self.choice)) or 'none'})")
         if not codec.summable:
             return _Routed(str(codec), self.reducers[str(codec)].start(name, flat))
-        ops, p = self.ops, self.comm.size
-        n = ops.size(flat)
-        x = flat if codec.wire_dtype == "float32" else ops.cast(flat, codec.wire_dtype)
-        if self.stats is not None:
-            nbytes = codec.payload_nbytes(n)
-            self.stats.record(codec.name, n, handed=nbytes, sent=ring_allreduce_bytes(nbytes, p),
-                              fp32=ring_allreduce_bytes(4 * n, p))
-        if p > 1:
-            handle = self.comm.allreduce_async(x, f"hvdp.ar.{name}", self.op, 1.0, self.postscale)
-        else:
-            handle = x if self.postscale == 1.0 else x * self.postscale
+        n = self.ops.size(flat)
+        x = flat if codec.wire_dtype == "float32" else self.ops.cast(flat, codec.wire_dtype)
+        handle = allreduce_recorded(self.comm, x, f"hvdp.ar.{name}", self.op, self.postscale, self.stats,
+                                    codec.name, n, codec.payload_nbytes(n))
         return _Summed(name, n, codec, handle)
 
     def exchange(self, pend) -> None:

@@ -18,6 +18,12 @@ from .plan import CompressionPolicy
 Array = Any
 
 
+def is_two_phase(codec) -> bool:
+    """The one answer to "does this codec go through the two-phase reduction (alltoall +
+    allgather)?": auto (it may choose such a codec) and every codec a sum would break."""
+    return codec is not None and (isinstance(codec, Auto) or not codec.summable)
+
+
 @dataclass(frozen=True)
 class ReduceSettings:
     """The settings every rank must share.
@@ -70,9 +76,8 @@ class ReduceSettings:
 
     @property
     def two_phase(self) -> bool:
-        """Whether the compressed buckets go through the two-phase reduction (alltoall +
-        allgather): auto (it may choose such a codec) and every codec a sum would break."""
-        return self.codec is not None and (self.auto or not self.codec.summable)
+        """Whether the compressed buckets go through the two-phase reduction (:func:`is_two_phase`)."""
+        return is_two_phase(self.codec)
 
     def error_feedback(self, codec) -> bool:
         """Whether ``codec`` keeps error-feedback residuals: the policy's word, else the codec's default."""

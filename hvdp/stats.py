@@ -64,6 +64,10 @@ class WireStats:
         row["sent"] += sent
         row["fp32"] += fp32
 
+    def record_allreduce(self, codec: str, elements: int, nbytes: int, p: int) -> None:
+        """One allreduce of an ``nbytes`` buffer holding ``elements`` gradient elements."""
+        self.record(codec, elements, nbytes, ring_allreduce_bytes(nbytes, p), ring_allreduce_bytes(4 * elements, p))
+
     def end_step(self) -> None:
         self._last = {k: dict(v) for k, v in self._step.items()}
         for k, v in self._step.items():

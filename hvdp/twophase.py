@@ -256,7 +256,7 @@ class TwoPhaseReducer:
         return ops.cat(payloads), own
 
     def exchange(self, pend: _Pending) -> None:
-        ops, p, c = self.ops, self.comm.size, pend.chunk
+        p, c = self.comm.size, pend.chunk
         recv = self._wait(pend.handle) if p > 1 else pend.handle
         t0 = time.perf_counter()
         scale = self.postscale / p if self.op == AVERAGE else self.postscale

@@ -97,8 +97,7 @@ class JoinCallback(keras.callbacks.Callback):
             raise ValueError("hvd.callbacks.JoinCallback needs the model compiled with an hvdp.keras "
                              "DistributedOptimizer")
         eng = red.engine
-        two_phase = eng.settings.two_phase if eng.codec is None else not eng.codec.summable
-        if two_phase and not eng.settings.uneven_inputs and eng.comm.size > 1:
+        if eng.two_phase and not eng.settings.uneven_inputs and eng.comm.size > 1:
             raise ValueError(f"hvd.callbacks.JoinCallback with {eng.reducer_codec_name()} compression needs the "
                              "optimizer made with hvd.DistributedOptimizer(..., uneven_inputs=True) "
                              "on every rank")

@@ -98,7 +98,8 @@ def DistributedOptimizer(optimizer, name=None, compression="none", backward_pass
     """Make a Keras 3 optimizer average gradients across workers before each update.
 
     ``compression``: "none", "fp16", "bf16", "int8", "topk", an ``hvd.Compression`` member, a
-    codec, or a Horovod ``Compressor`` (compress, sum, decompress, as in Horovod). ``backward_passes_per_step=k`` accumulates k batches locally before one reduction
+    codec, or a Horovod ``Compressor`` (compress, sum, decompress, as in Horovod).
+    ``backward_passes_per_step=k`` accumulates k batches locally before one reduction
     and update (``average_aggregated_gradients`` divides the sum by k). ``uneven_inputs=True``:
     ranks with fewer batches may call ``hvd.join()`` (or use ``hvd.callbacks.JoinCallback`` in
     ``fit``) with any codec; one tiny allreduce per step says whether someone has joined.

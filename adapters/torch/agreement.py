@@ -1,7 +1,5 @@
 """The ranks-agree check's collective and failure reports on horovod.torch; the logic is the
 core's (``hvdp.agreement``, ``hvdp.failures``; an optimizer's description is its engine's)."""
-import os
-
 import horovod
 import horovod.torch as _hvd
 import torch
@@ -23,10 +21,6 @@ def allgather_fixed(process_set=_hvd.global_process_set):
         out = _hvd.allgather(t, name=name, process_set=process_set)
         return [bytes(row.numpy().tobytes()) for row in out]
     return gather
-
-
-def elastic() -> bool:
-    return os.environ.get("HOROVOD_ELASTIC") == "1"
 
 
 def broadcast_parameters(params, root_rank, process_set=_hvd.global_process_set):

@@ -14,12 +14,12 @@ import horovod.torch as _hvd
 import torch
 
 from hvdp.collectives import AVERAGE, SUM
-from hvdp.config import HVDP_COMPILE_CODECS
+from hvdp.config import HVDP_COMPILE_CODECS, elastic_mode
 from hvdp.engine import Engine
 from hvdp.plan import CompressionPolicy
-from hvdp.settings import ReduceSettings, compressor_name
+from hvdp.settings import ReduceSettings, compressor_name, is_two_phase
 
-from .agreement import REPORTER, VERSIONS, allgather_fixed, elastic
+from .agreement import REPORTER, VERSIONS, allgather_fixed
 from .comm import TorchCollectives, next_instance
 from .compiled import CompiledCodec
 from .compression import Compression, resolve
@@ -57,7 +57,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         OPTIMIZERS.add(self)
         # Like Horovod, a single worker skips the hooks, except that a real codec still applies
         # (so its effect can be seen and tested on one worker).
-        if comm.size > 1 or elastic() or settings.codec_name not in ("none", "horovod"):
+        if comm.size > 1 or elastic_mode() or settings.codec_name not in ("none", "horovod"):
             self._register_hooks()
 
     # --- set-up -----------------------------------------------------------------------------
@@ -285,7 +285,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     """
     codec, hvd_compressor = resolve(compression)
     if op == _hvd.Adasum:
-        if codec is not None and (codec.name == "auto" or not codec.summable):
+        if is_two_phase(codec):
             raise ValueError(f"op=hvd.Adasum cannot combine with {codec.name} compression (Adasum "
                              "needs whole tensors); use compression 'none' or 'fp16'")
         hc = hvd_compressor or (_hvd.Compression.fp16 if codec.name == "fp16" else _hvd.Compression.none)
