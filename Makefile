@@ -23,7 +23,7 @@ demo: setup
 test: setup
 	$(VENV)/bin/ruff check --quiet .
 	@$(MKDOCS_BUILD)
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --durations=25 tests
 
 # ruff's rules and line length: pyproject.toml [tool.ruff]; also the first step of `make test`
 .PHONY: lint

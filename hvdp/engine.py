@@ -368,6 +368,15 @@ class Engine:
             out["auto"] = self.uniform
         return out
 
+    def state(self) -> dict:
+        """What a checkpoint carries: the step count (the warm-up) and the residuals."""
+        return {"step": self.step, "reducer": self.residual_state()}
+
+    def load_state(self, state: Optional[Mapping[str, Any]]) -> None:
+        if state:
+            self.step = int(state.get("step", 0))
+            self.load_residual_state(state.get("reducer"))
+
     def residual_state(self) -> Optional[dict]:
         return None if self.reducer is None else self.reducer.state_dict()
 

@@ -234,17 +234,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def state_dict(self):
         sd = super(self.__class__, self).state_dict()
-        sd["hvdp"] = {"step": self.engine.step, "reducer": self.engine.residual_state()}
+        sd["hvdp"] = self.engine.state()
         return sd
 
     def load_state_dict(self, state_dict):
         state_dict = dict(state_dict)
         extra = state_dict.pop("hvdp", None)
         super(self.__class__, self).load_state_dict(state_dict)
-        if extra:
-            self.engine.step = int(extra.get("step", 0))
-            if extra.get("reducer"):
-                self.engine.load_residual_state(extra["reducer"])
+        self.engine.load_state(extra)
 
 
 def _weak_hook(opt):

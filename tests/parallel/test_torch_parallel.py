@@ -10,7 +10,7 @@ pytestmark = pytest.mark.parallel
 
 CHECKS = ["grad_average", "two_equal_one", "bpps", "broadcast", "amp", "codecs", "state",
           "nonfinite", "errors", "warmup", "sparse_unused_empty", "checkpoint",
-          "elastic_restore", "horovod_options"]
+          "elastic_restore", "horovod_options", "freed"]
 
 
 @functools.lru_cache(maxsize=None)

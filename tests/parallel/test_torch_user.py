@@ -14,16 +14,17 @@ CHECKS = ["two_optimizers", "bf16", "bf16_join", "noncontiguous", "requires_grad
 
 
 @functools.lru_cache(maxsize=None)
-def run_check(controller, check):
-    # one job per check: a failing check then shows alone; under pytest-timeout's 300 s
-    return horovodrun([os.path.join(WORKERS, "torch_user_checks.py"), check], controller=controller,
-                      timeout=270)
+def run_checks(controller):
+    # one job per controller runs every check (start-up dominates a job's time); a check that
+    # fails ends the job, and the checks after it are reported as not passed
+    return horovodrun([os.path.join(WORKERS, "torch_user_checks.py")] + CHECKS, controller=controller, timeout=400)
 
 
 @pytest.mark.parametrize("controller", CONTROLLERS)
 @pytest.mark.parametrize("check", CHECKS)
+@pytest.mark.timeout(460)
 def test_torch_user(controller, check):
-    rc, out = run_check(controller, check)
+    rc, out = run_checks(controller)
     assert checks_passed(out).get(check) == {"0", "1"}, \
         f"check {check} not passed on both ranks (rc={rc}):\n{out[-5000:]}"
     assert rc == 0, out[-5000:]
