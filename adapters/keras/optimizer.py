@@ -74,7 +74,8 @@ class _Distributed:
     def compression_stats(self):
         """Bytes handed to collectives per update step by codec, vs a float32 ring allreduce
         (the same keys as hvdp.torch's); with compression="auto" also ``"auto"``."""
-        return self._hvdp.stats(steps=int(keras.ops.convert_to_numpy(self.iterations)))
+        # steps: the reductions run, which count a traced step's record (see hvdp.engine)
+        return self._hvdp.engine.summary(steps=int(keras.ops.convert_to_numpy(self.iterations)))
 
 
 def make_reducer(compression, policy, op, gradient_predivide_factor, sparse_as_dense, process_set, prefix,

@@ -5,7 +5,7 @@ import keras
 
 from .backend import BACKEND as B
 
-_FLOATS = ("float16", "bfloat16", "float32", "float64")
+FLOATS = ("float16", "bfloat16", "float32", "float64")
 _ITEM = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "int8": 1, "uint8": 1,
          "int16": 2, "int32": 4, "int64": 8, "bool": 1}
 
@@ -46,7 +46,7 @@ class KerasPlain:
                 send = g
             elif self.compressor is not None:  # every step, as hvdp.torch and Horovod do
                 send, ctx = self.compressor.compress(g)
-            elif dtype not in _FLOATS or wire in (None, "float32"):
+            elif dtype not in FLOATS or wire in (None, "float32"):
                 send = g
             else:
                 send = B.ops.cast(g, wire)

@@ -8,9 +8,7 @@ from hvdp.engine import Engine
 from .agreement import VERSIONS, allgather_fixed, variable_entries
 from .backend import BACKEND as B
 from .join import joined_cond
-from .plain import KerasPlain
-
-_FLOATS = ("float16", "bfloat16", "float32", "float64")
+from .plain import FLOATS, KerasPlain
 
 
 class GradientReducer:
@@ -44,7 +42,7 @@ class GradientReducer:
         self.variables = list(variables)
         names = [getattr(v, "path", None) or v.name for v in self.variables]
         self.engine.set_layout(names, [tuple(v.shape) for v in self.variables],
-                               [keras.backend.standardize_dtype(v.dtype) in _FLOATS for v in self.variables],
+                               [keras.backend.standardize_dtype(v.dtype) in FLOATS for v in self.variables],
                                tensors=variable_entries(self.variables, names), at_creation=at_build)
 
     def matches(self, variables) -> bool:
@@ -96,8 +94,3 @@ class GradientReducer:
         if not (eng.settings.uneven_inputs and eng.uses_two_phase):
             return eng.reduce(grads, True)
         return joined_cond(eng.comm, lambda: eng.reduce(grads, True), lambda: eng.reduce(grads, True, joined=True))
-
-    def stats(self, steps=None):
-        """``compression_stats()``: the engine's one shape (``steps``: reductions run, for a
-        traced step's record)."""
-        return self.engine.summary(steps)
