@@ -234,9 +234,10 @@ class Engine:
 
     # --- one step, driven piece by piece ------------------------------------------------------
     def begin_step(self, like=None, sync: Callable[[], None] = lambda: None) -> None:
-        """Before the step's first collective: auto's probe, its trial's next phase, or nothing."""
+        """Before the step's first collective: auto's probe, its trial's next phase, or nothing
+        (also while traced: a traced step's auto decided when the layout was set)."""
         ch = self.chooser
-        if ch is None or ch.settled:
+        if ch is None or ch.settled or self._tracing():
             return
 
         def probe(sizes):
@@ -257,11 +258,8 @@ class Engine:
             label, wire = "none", "float32"
         out = self.plain.submit(grads, name, wire)
         for (_, nbytes), g in zip(out, grads):
-            self.stats.record_allreduce(label, self._numel(g), nbytes, self.comm.size)
+            self.stats.record_allreduce(label, math.prod(tuple(g.shape)), nbytes, self.comm.size)
         return [pend for pend, _ in out]
-
-    def _numel(self, g) -> int:
-        return math.prod(tuple(g.shape)) if hasattr(g, "shape") else self.ops.size(g)
 
     def start_bucket(self, b: int, grads: Sequence[Array]) -> None:
         """Encode bucket ``b`` from its gradients (in the plan's order) and start its exchange."""

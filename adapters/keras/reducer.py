@@ -78,8 +78,7 @@ class GradientReducer:
         eng = self.engine
         grads = [B.ops.reshape(B.ops.zeros(n), s) if g is None else g
                  for g, s, n in zip(grads, eng.shapes, eng.numels)]
-        if not B.tracing():
-            eng.begin_step(grads[0] if grads else None)
+        eng.begin_step(grads[0] if grads else None)
         warm = eng.settings.policy.warmup_steps
         if warm == 0 or step is None:
             out = self._compressed(grads)

@@ -65,6 +65,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._layout = layout
         self._params, self._name = layout.params, layout.name
         self._index = {p: i for i, p in enumerate(layout.params)}
+        # auto's probe arrays go where the gradients are; its trial waits for their device
+        self._like = self._params[0].detach() if self._params else torch.zeros(0)
+        self._sync = torch.cuda.synchronize if self._like.is_cuda else (lambda: None)
         if self._join is not None:
             self._join.device = self._params[0].device if self._params else None
 
@@ -86,8 +89,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._delay = {p: self.engine.settings.backward_passes for p in self._params}
             if self._hooks:
                 self._register_hooks()
-        like = self._params[0].detach() if self._params else torch.zeros(0)
-        self.engine.begin_step(like, _sync_for(like))
+        self.engine.begin_step(self._like, self._sync)
 
     # --- per-gradient path ------------------------------------------------------------------
     def _hook(self, p):
@@ -193,7 +195,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if self._join is not None:
             self._join.end_step()
         self._end_step()
-        eng.end_step(_sync_for(self._params[0] if self._params else torch.zeros(0)))
+        eng.end_step(self._sync)
         self._synchronized = True
 
     @contextmanager
@@ -253,10 +255,6 @@ def _weak_hook(opt):
         if o is not None:
             o._hook(p)
     return hook
-
-
-def _sync_for(like):
-    return torch.cuda.synchronize if like.is_cuda else (lambda: None)
 
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
