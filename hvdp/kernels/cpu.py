@@ -11,6 +11,7 @@ import os
 
 import numpy as np
 
+from ..private import refusal
 from .base import Unavailable
 from .registry import register
 
@@ -24,6 +25,9 @@ def load():
     from .build import build
     path, desc = build(_SRC)
     if path not in _LIBS:
+        why = refusal(path, "file")  # checked by build; again just before dlopen runs its code
+        if why is not None:
+            raise Unavailable(f"not loading {path}: it {why}")
         lib = ctypes.CDLL(path)
         lib.hvdp_int8_encode.argtypes = [_P, _P, _P, _P, _I64, _I64]
         lib.hvdp_int8_encode.restype = _INT
