@@ -22,6 +22,7 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 
 import hvdp.torch as hvd
+from hvdp import config
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import mean_ci, ratio_ci, time_batches  # noqa: E402
@@ -87,7 +88,7 @@ def main():
     hvd.init()
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{os.environ.get('HVDP_DDP_PORT', '29556')}",
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{config.ddp_port(29556)}",
                             rank=hvd.rank(), world_size=hvd.size())
     base = build_model(a.width, a.depth)
     x = torch.randn(a.batch, a.width)

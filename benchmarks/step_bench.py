@@ -13,6 +13,7 @@ import torch
 
 import horovod.torch as raw_hvd
 import hvdp.torch as hvd
+from hvdp import config
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import mean_ci, ratio_ci, time_batches  # noqa: E402
@@ -70,7 +71,7 @@ def main():
         torch.optim.SGD(m2.parameters(), lr=0.01), named_parameters=m2.named_parameters()))
     if a.ddp and hvd.size() > 1:
         import torch.distributed as dist
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{os.environ.get('HVDP_DDP_PORT', '29555')}",
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{config.ddp_port(29555)}",
                                 rank=hvd.rank(), world_size=hvd.size())
         m3 = torch.nn.parallel.DistributedDataParallel(copy.deepcopy(base))
         contenders["ddp"] = make_step(m3, torch.optim.SGD(m3.parameters(), lr=0.01))

@@ -8,13 +8,13 @@ Gloo (its message is passed on). PowerSGD (``powerSGD_hook``: rank-r approximati
 gradient with error feedback and warm start; vectors travel uncompressed) runs plain allreduce for
 its first ``--powersgd-start`` steps, as its documentation recommends.
 """
-import os
 
 import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 
 import hvdp.torch as hvd
+from hvdp import config
 
 HOOKS = ("none", "fp16", "bf16", "powersgd1", "powersgd4")
 
@@ -28,8 +28,7 @@ def add_ddp_args(p):
 def init_process_group():
     """DDP's Gloo process group over the ranks horovodrun started (once per process)."""
     if not dist.is_initialized():
-        addr = os.environ.get("HVDP_DDP_ADDR", "127.0.0.1")
-        port = os.environ.get("HVDP_DDP_PORT", "29557")
+        addr, port = config.ddp_addr(), config.ddp_port(29557)  # HVDP_DDP_ADDR, HVDP_DDP_PORT
         dist.init_process_group("gloo", init_method=f"tcp://{addr}:{port}", rank=hvd.rank(),
                                 world_size=hvd.size())
 

@@ -20,11 +20,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import struct
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from .config import HVDP_CHECK_AGREEMENT
+from .config import HVDP_CHECK_AGREEMENT, check_agreement
 
 DIGEST_BYTES = 32
 MAX_SHOWN = 5  # differences named in the error; the rest are counted
@@ -38,9 +37,9 @@ class DisagreementError(RuntimeError):
 
 
 def enabled(environ: Optional[Mapping[str, str]] = None) -> bool:
-    """``HVDP_CHECK_AGREEMENT=0`` turns the check off (it must be the same on every rank)."""
-    env = os.environ if environ is None else environ
-    return env.get(HVDP_CHECK_AGREEMENT, "1").strip().lower() not in ("0", "false", "no", "off")
+    """``HVDP_CHECK_AGREEMENT=0`` turns the check off (it must be the same on every rank); a value
+    that is not a boolean raises ValueError (``hvdp.config``)."""
+    return check_agreement(environ)
 
 
 def describe(tensors: Sequence[Tensor], buckets: Sequence[Sequence[int]] = (),

@@ -13,6 +13,8 @@ import subprocess
 import sys
 from importlib import metadata
 
+from . import config
+
 _PROBE = r"""
 import json, sys, os
 out = {}
@@ -141,7 +143,11 @@ def hang_settings(environ) -> tuple:
         problems.append((f"HOROVOD_STALL_SHUTDOWN_TIME_SECONDS={shutdown:g} is below "
                          f"HOROVOD_STALL_CHECK_TIME_SECONDS={check:g}: Horovod then never shuts a stalled "
                          "job down", "raise the shutdown time to at least the check time"))
-    if environ.get("HVDP_CHECK_AGREEMENT", "1").strip().lower() in ("0", "false", "no", "off"):
+    try:
+        agreement_on = config.check_agreement(environ)
+    except ValueError:  # a value that is not a boolean: reported by config.problems (diagnose)
+        agreement_on = True
+    if not agreement_on:
         notes.append("HVDP_CHECK_AGREEMENT=0: ranks that differ in parameters or settings hang in "
                      "their first step instead of failing at once with what differs")
     return notes, problems
@@ -202,6 +208,7 @@ def diagnose() -> dict:
         "pitfalls": [],
     }
     pit = report["pitfalls"]
+    pit.extend(config.problems(os.environ))  # HVDP_* values hvdp would refuse at its first read
     if not report["versions"]["horovod"]:
         pit.append(("Horovod is not installed", _INSTALL + " (it builds Horovod for the frameworks "
                     "installed here; `make setup` does it for the development environment)"))

@@ -43,7 +43,7 @@ import urllib.request
 from contextlib import contextmanager
 from typing import Callable, Iterator, List, Mapping, Optional
 
-from .config import HVDP_FAILURE_BOARD, elastic_mode
+from .config import elastic_mode, failure_board
 
 SHUTDOWN_TEXT = "Horovod has been shut down"
 MAX_TEXT = 600          # characters of the failing exception kept in a report
@@ -133,7 +133,7 @@ _MPI_JOB_VARS = ("PMIX_NAMESPACE", "OMPI_MCA_orte_hnp_uri", "OMPI_MCA_ess_base_j
 def board_from_env(environ: Optional[Mapping[str, str]] = None):
     """The board this job's ranks share, or None (turned off, or no job identity found)."""
     env = os.environ if environ is None else environ
-    if env.get(HVDP_FAILURE_BOARD, "1").strip().lower() in ("0", "false", "no", "off"):
+    if not failure_board(env):  # HVDP_FAILURE_BOARD; not a boolean: ValueError
         return None
     addr, port = env.get("HOROVOD_GLOO_RENDEZVOUS_ADDR"), env.get("HOROVOD_GLOO_RENDEZVOUS_PORT")
     if addr and port:

@@ -5,7 +5,7 @@ import fnmatch
 from dataclasses import dataclass
 from typing import Optional, Sequence, Tuple
 
-from .config import HVDP_FUSION_THRESHOLD, HVDP_MIN_COMPRESS_ELEMENTS, env_int
+from . import config
 
 # Below 1024 elements (4 KiB of float32) a tensor saves at most ~3 KiB per step when compressed:
 # less than the fixed cost of encoding it, and such tensors are mostly biases and
@@ -41,9 +41,9 @@ class CompressionPolicy:
 
     def __post_init__(self):
         if self.min_elements == -1:
-            object.__setattr__(self, "min_elements", env_int(HVDP_MIN_COMPRESS_ELEMENTS, DEFAULT_MIN_ELEMENTS))
+            object.__setattr__(self, "min_elements", config.min_compress_elements(DEFAULT_MIN_ELEMENTS))
         if self.fusion_threshold_bytes == -1:
-            object.__setattr__(self, "fusion_threshold_bytes", env_int(HVDP_FUSION_THRESHOLD, DEFAULT_FUSION_BYTES))
+            object.__setattr__(self, "fusion_threshold_bytes", config.fusion_threshold_bytes(DEFAULT_FUSION_BYTES))
         if isinstance(self.exclude, str):
             object.__setattr__(self, "exclude", (self.exclude,))
         object.__setattr__(self, "exclude", tuple(self.exclude))

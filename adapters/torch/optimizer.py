@@ -14,7 +14,7 @@ import horovod.torch as _hvd
 import torch
 
 from hvdp.collectives import AVERAGE, SUM
-from hvdp.config import HVDP_COMPILE_CODECS, elastic_mode
+from hvdp.config import compile_codecs_default, elastic_mode
 from hvdp.engine import Engine
 from hvdp.plan import CompressionPolicy
 from hvdp.settings import ReduceSettings, compressor_name, is_two_phase
@@ -293,7 +293,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         warnings.warn("num_groups is deprecated (as in Horovod): use groups=", DeprecationWarning)
         groups = groups if groups is not None else num_groups
     if compile_codecs is None:
-        compile_codecs = os.environ.get(HVDP_COMPILE_CODECS, "0") == "1"
+        compile_codecs = compile_codecs_default(os.environ)  # HVDP_COMPILE_CODECS, hvdp.config
     settings = ReduceSettings(codec, CompressionPolicy() if policy is None else policy,
                               op=SUM if op == _hvd.Sum else AVERAGE, predivide=gradient_predivide_factor,
                               backward_passes=backward_passes_per_step, sparse_as_dense=sparse_as_dense,

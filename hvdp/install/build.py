@@ -13,6 +13,7 @@ import tarfile
 import tempfile
 from typing import Callable, List, Optional
 
+from ..config import cache_dir
 from .cuda import gpu_env
 from .recipe import RUNTIME_REQUIREMENTS, BuildPlan, InstallError, apply_patch
 
@@ -20,7 +21,7 @@ Say = Callable[[str], None]
 
 
 def default_cache() -> str:
-    base = os.environ.get("HVDP_CACHE_DIR") or os.path.join(
+    base = cache_dir() or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "hvdp")
     return os.path.join(base, "wheels")
 

@@ -12,14 +12,13 @@ Example::
 """
 from __future__ import annotations
 
-import os
 from typing import Any, Callable, List, Optional, Tuple
 
-from ..config import HVDP_KERNELS
+from ..config import HVDP_KERNELS, KERNEL_MODES, kernels_mode
 from .base import CodecKernels, Unavailable  # Unavailable also importable from here, as before
 
 Provider = Callable[[Any, Any, Any], Optional[CodecKernels]]
-MODES = ("auto", "off")
+MODES = KERNEL_MODES
 
 
 _PROVIDERS: List[Tuple[str, Provider]] = []
@@ -49,11 +48,7 @@ def providers() -> List[str]:
 
 def mode() -> str:
     """``HVDP_KERNELS``: ``auto`` (default: kernels where one serves) or ``off`` (array ops)."""
-    raw = os.environ.get(HVDP_KERNELS, "").strip().lower() or "auto"
-    if raw not in MODES:
-        raise ValueError(f"{HVDP_KERNELS}={raw!r} is not one of {', '.join(MODES)}; "
-                         "unset it or give one of those")
-    return raw
+    return kernels_mode()
 
 
 def explain(codec, ops, like) -> Tuple[Optional[CodecKernels], List[str]]:
