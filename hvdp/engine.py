@@ -41,6 +41,7 @@ from .mixed import MixedReducer
 from .plan import Plan, make_plan
 from .probe import measure
 from .settings import PlainPath, ReduceSettings, is_two_phase
+from .hierarchy import HierarchicalReducer
 from .stats import WireStats
 from .twophase import TwoPhaseReducer
 
@@ -67,6 +68,10 @@ class Engine:
         tracing: whether the current call is being traced into a graph (its statistics are
             then the step's template, counted by ``summary(steps=)``).
         tensor_word: how the ranks-agree check's messages name one tensor.
+        levels: for ``settings.hierarchical`` (``hvdp.hierarchy``): ``() -> (local, cross)``,
+            the collectives over this rank's node and over the ranks with its local rank; called
+            once, after the first ranks-agree check (it is a collective: a rank that does not
+            reduce in two levels must fail that check, not wait in it).
     """
 
     def __init__(self, settings: ReduceSettings, ops, comm, plain: PlainPath,
@@ -74,7 +79,8 @@ class Engine:
                  versions: Optional[Mapping[str, str]] = None, make_store: Optional[Callable] = None,
                  wrap_codec: Optional[Callable] = None, joined: Optional[Callable[[], bool]] = None,
                  per_bucket_auto: bool = True, eager_scope: Optional[Callable] = None,
-                 tracing: Optional[Callable[[], bool]] = None, tensor_word: str = "parameter"):
+                 tracing: Optional[Callable[[], bool]] = None, tensor_word: str = "parameter",
+                 levels: Optional[Callable[[], Tuple[Any, Any]]] = None):
         # settings and framework pieces
         self.settings, self.ops, self.comm, self.plain = settings, ops, comm, plain
         self.gather, self.versions = allgather_fixed, dict(versions or {})
@@ -82,6 +88,10 @@ class Engine:
         self._eager = eager_scope or contextlib.nullcontext
         self._tracing = tracing or (lambda: False)
         self.tensor_word = tensor_word
+        if settings.hierarchical and levels is None:
+            raise ValueError("hierarchical=True: the adapter must pass levels=() -> (local, cross)")
+        self._make_levels = levels if settings.hierarchical else None
+        self.levels: Optional[Tuple[Any, Any]] = None  # made with the first layout
         # the codec run now: the fixed one, or auto's single choice once made (None before;
         # per-bucket auto keeps None: its MixedReducer holds a codec per bucket)
         self.codec = None if settings.auto else settings.codec
@@ -102,7 +112,9 @@ class Engine:
         # kept as a template, by (compressed, joined)
         self.stats = WireStats()
         self._templates: Dict[Tuple[bool, bool], dict] = {}
-        if self.chooser is not None:
+        if self._make_levels is not None:
+            pass  # the two-level reducer is made with the first layout (its levels are collectives)
+        elif self.chooser is not None:
             self.reducer = MixedReducer(ops, comm, self._make_two_phase, settings.op, settings.predivide, self.stats)
         elif is_two_phase(self.codec):
             self.reducer = self._make_two_phase(self.codec, comm)
@@ -121,6 +133,19 @@ class Engine:
         r = TwoPhaseReducer(run, self.ops, comm, s.error_feedback(codec), s.op, s.predivide,
                             self.stats if own else None, *stores)
         return JoinableReducer(r, self._is_joined) if (own and s.uneven_inputs) else r
+
+    def _make_hierarchical(self):
+        s = self.settings
+        self.levels = self._make_levels()
+        stores = (self._make_store("w"), self._make_store("s")) if self._make_store is not None else (None, None)
+        local, cross = self.levels
+        return HierarchicalReducer(self.codec, self.ops, local, cross, s.error_feedback(self.codec), s.op,
+                                   s.predivide, self.stats, *stores, wrap=self._wrap_codec)
+
+    @property
+    def bucketed(self) -> bool:
+        """Whether compressible tensors go to the reducer in buckets (two-phase or two-level)."""
+        return self.settings.hierarchical or self.two_phase
 
     @property
     def two_phase(self) -> bool:
@@ -166,7 +191,12 @@ class Engine:
                 self.check(tensors, at_creation)  # would not probe, and the others would wait
                 checked = True
             self._decide_uniform()
-        self.plan = make_plan(self.names, self.numels, floating, pol, self.two_phase)
+        self.plan = make_plan(self.names, self.numels, floating, pol, self.bucketed)
+        if tensors is not None and not checked:
+            self.check(tensors, at_creation)
+            checked = True
+        if self._make_levels is not None and self.reducer is None:
+            self.reducer = self._make_hierarchical()
         if self.reducer is not None:
             keep = {b for b, m in self.bucket_members().items() if before.get(b) == m}
             for store in (self.reducer.worker, self.reducer.server):
@@ -174,8 +204,6 @@ class Engine:
             self.relayout()
         if self.chooser is not None:
             self.chooser.invalidate()
-        if tensors is not None and not checked:
-            self.check(tensors, at_creation)
         return self.plan
 
     def relayout(self) -> None:
@@ -221,7 +249,14 @@ class Engine:
             tensors, self.plan.buckets, self.versions, compression=s.compression, policy=repr(s.policy),
             op=s.op, gradient_predivide_factor=s.predivide, backward_passes_per_step=s.backward_passes,
             sparse_as_dense=s.sparse_as_dense, uneven_inputs=s.uneven_inputs, groups=list(self.groups),
-            size=self.comm.size, instance=s.instance, **dict(s.extra))
+            size=self.comm.size, instance=s.instance, hierarchical=s.hierarchical, **dict(s.extra))
+
+    def levels_word(self) -> Optional[str]:
+        """The node layout of a two-level reduction ("2 nodes x 2 ranks"), else None."""
+        if self.levels is None:
+            return None
+        local, cross = self.levels
+        return f"{cross.size} nodes x {local.size} ranks"
 
     def check(self, tensors: Sequence[agreement.Tensor], at_creation: bool = False) -> None:
         """Raise the same :class:`~hvdp.agreement.DisagreementError` on every rank unless all
@@ -359,7 +394,7 @@ class Engine:
                     stats.add_step(self._templates[key], n)
         out = dict(stats.summary(), codec=self.settings.compression,
                    compressed_tensors=sum(len(b) for b in self.plan.buckets),
-                   plain_tensors=len(self.plan.plain))
+                   plain_tensors=len(self.plan.plain), hierarchical=self.levels_word())
         if self.chooser is not None:
             out["auto"] = dict(self.chooser.summary(), per_bucket=True)
         elif self.uniform is not None:

@@ -162,13 +162,7 @@ _KNOWN: Dict[Tuple[int, ...], Any] = {}
 
 def static_process_sets(hv: HorovodSets, layout: MeshLayout) -> List[Any]:
     """Process set objects for ``hvd.init(process_sets=...)`` (before init; no dynamic sets)."""
-    out = []
-    for g in layout.process_set_ranks():
-        ps = _KNOWN.get(tuple(g))
-        if ps is None:
-            ps = _KNOWN[tuple(g)] = hv.ProcessSet(g)
-        out.append(ps)
-    return out
+    return known_process_sets(hv, layout.process_set_ranks())
 
 
 def _registered(ps) -> bool:
@@ -183,32 +177,57 @@ def make_process_sets(hv: HorovodSets, layout: MeshLayout, given: Sequence[Any] 
     if why:
         raise MeshError(why)
     layout.check_world(hv.size())
+    what = f"ProcessMesh(dp={layout.dp}, tp={layout.tp}, pp={layout.pp})"
+    static = (f"hvd.init(process_sets=hvd.ProcessMesh.static_process_sets(dp={layout.dp}, "
+              f"tp={layout.tp}, pp={layout.pp}))")
+    sets = register_groups(hv, layout.process_set_ranks(), what, static, given, environ, MeshError,
+                           "ProcessMesh(..., process_sets=[...])")
+    return {tuple(range(layout.size)): hv.global_process_set, **sets}
+
+
+def register_groups(hv: HorovodSets, groups: Sequence[Sequence[int]], what: str, static: str,
+                    given: Sequence[Any] = (), environ=None, error=MeshError,
+                    pass_as: str = "process_sets=[...]") -> Dict[Tuple[int, ...], Any]:
+    """Each group (sorted ranks) -> a registered Horovod process set: found among those made
+    at ``hvd.init`` or before (``given``, or by this module), else added now (dynamic process
+    sets; the same calls in the same order on every rank). ``what`` and ``static`` name the
+    caller and its static alternative in the messages; ``error`` is the exception raised."""
     for ps in given:
         if _registered(ps):
             _KNOWN[tuple(sorted(ps.ranks))] = ps
-    missing = [g for g in layout.process_set_ranks() if not _registered(_KNOWN.get(tuple(g)))]
+    groups = [sorted(g) for g in groups]
+    missing = [g for g in groups if not _registered(_KNOWN.get(tuple(g)))]
     if missing and not dynamic_enabled(environ):
-        raise MeshError(
-            f"hvdp: ProcessMesh(dp={layout.dp}, tp={layout.tp}, pp={layout.pp}) needs {len(missing)} "
-            f"process set(s) that Horovod does not have (e.g. ranks {missing[0]}), and dynamic process "
-            "sets are off. Either enable them (hvd.init(process_sets='dynamic'), or launch with "
-            f"{HOROVOD_DYNAMIC_PROCESS_SETS}=1 in the environment of horovodrun), or register them "
-            f"at start-up: hvd.init(process_sets=hvd.ProcessMesh.static_process_sets(dp={layout.dp}, "
-            f"tp={layout.tp}, pp={layout.pp}))")
+        raise error(
+            f"hvdp: {what} needs {len(missing)} process set(s) that Horovod does not have (e.g. ranks "
+            f"{missing[0]}), and dynamic process sets are off. Either enable them "
+            f"(hvd.init(process_sets='dynamic'), or launch with {HOROVOD_DYNAMIC_PROCESS_SETS}=1 in the "
+            f"environment of horovodrun), or register them at start-up: {static}")
     for g in missing:
         try:
             _KNOWN[tuple(g)] = hv.add_process_set(hv.ProcessSet(g))
         except ValueError as e:
             if "duplicate" not in str(e):  # e.g. the variable was set only after hvd.init
-                raise MeshError(f"hvdp: Horovod refused to add process set {g} ({e}); dynamic process "
-                                "sets must be on when Horovod starts: hvd.init(process_sets='dynamic') "
-                                f"or {HOROVOD_DYNAMIC_PROCESS_SETS}=1 before hvd.init") from e
-            raise MeshError(f"hvdp: Horovod already has a process set with ranks {g} (registered at "
-                            "hvd.init or by hand), which the mesh cannot look up: pass those ProcessSet "
-                            "objects as ProcessMesh(..., process_sets=[...])") from e
-    full = tuple(range(layout.size))
-    return {**{full: hv.global_process_set},
-            **{tuple(g): _KNOWN[tuple(g)] for g in layout.process_set_ranks()}}
+                raise error(f"hvdp: Horovod refused to add process set {g} ({e}); dynamic process "
+                            "sets must be on when Horovod starts: hvd.init(process_sets='dynamic') "
+                            f"or {HOROVOD_DYNAMIC_PROCESS_SETS}=1 before hvd.init") from e
+            raise error(f"hvdp: Horovod already has a process set with ranks {g} (registered at "
+                        "hvd.init or by hand), which hvdp cannot look up: pass those ProcessSet "
+                        f"objects as {pass_as}") from e
+    return {tuple(g): _KNOWN[tuple(g)] for g in groups}
+
+
+def known_process_sets(hv: HorovodSets, groups: Sequence[Sequence[int]]) -> List[Any]:
+    """Process set objects for ``hvd.init(process_sets=...)`` (before init), remembered so that
+    :func:`register_groups` finds them registered later."""
+    out = []
+    for g in groups:
+        key = tuple(sorted(g))
+        ps = _KNOWN.get(key)
+        if ps is None:
+            ps = _KNOWN[key] = hv.ProcessSet(list(key))
+        out.append(ps)
+    return out
 
 
 class ProcessMesh:

@@ -40,6 +40,8 @@ class ReduceSettings:
         compressor: the Horovod compressor's name, with ``codec=None``.
         instance: the optimizer's number on its process set (its collectives' names).
         extra: (name, value) pairs an adapter adds (Keras's ``average_aggregated_gradients``).
+        hierarchical: two levels (``hvdp.hierarchy``): full precision inside each node, the
+            codec between nodes.
 
     Example::
 
@@ -56,6 +58,7 @@ class ReduceSettings:
     compressor: str = ""
     instance: int = 0
     extra: Tuple[Tuple[str, Any], ...] = ()
+    hierarchical: bool = False
 
     def __post_init__(self):
         if not isinstance(self.policy, CompressionPolicy):
@@ -69,6 +72,19 @@ class ReduceSettings:
             raise ValueError(f"backward_passes_per_step must be >= 1, got {self.backward_passes}")
         if self.codec is None and not self.compressor:
             raise ValueError("ReduceSettings: codec=None needs the Horovod compressor's name")
+        if self.hierarchical:
+            if self.codec is None:
+                raise ValueError(f"hierarchical=True runs hvdp's codecs, not a Horovod compressor "
+                                 f"({self.compressor}): pass compression='none', 'fp16', 'bf16', 'int8' "
+                                 "or 'topk' (hvd.Compression.fp16 is hvdp's fp16)")
+            if self.auto:
+                raise ValueError("hierarchical=True with compression='auto' is not supported: auto measures "
+                                 "the flat reduction. Choose the codec between nodes, e.g. "
+                                 "compression='int8', hierarchical=True")
+            if self.uneven_inputs:
+                raise ValueError("hierarchical=True cannot combine with uneven_inputs=True (a joined rank "
+                                 "would leave its node's reduce-scatter waiting): give every rank the same "
+                                 "number of steps, or use hierarchical=False")
 
     @property
     def auto(self) -> bool:
@@ -78,6 +94,12 @@ class ReduceSettings:
     def two_phase(self) -> bool:
         """Whether the compressed buckets go through the two-phase reduction (:func:`is_two_phase`)."""
         return is_two_phase(self.codec)
+
+    @property
+    def bucketed(self) -> bool:
+        """Whether compressible tensors are fused into buckets for a reducer (two-phase or
+        two-level), rather than each reduced by Horovod's allreduce."""
+        return self.hierarchical or self.two_phase
 
     def error_feedback(self, codec) -> bool:
         """Whether ``codec`` keeps error-feedback residuals: the policy's word, else the codec's default."""

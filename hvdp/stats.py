@@ -3,7 +3,7 @@ where a compressed step's time goes (encode, wire wait, owner work, final decode
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Dict
+from typing import Dict, Optional
 
 
 def ring_allreduce_bytes(nbytes: int, p: int) -> float:
@@ -56,13 +56,17 @@ class WireStats:
         else:
             self.paths_why.pop(codec, None)
 
-    def record(self, codec: str, elements: int, handed: int, sent: float, fp32: float) -> None:
+    def record(self, codec: str, elements: int, handed: int, sent: float, fp32: float,
+               cross: Optional[float] = None) -> None:
+        """``cross``: of ``sent``, the bytes that leave this rank's node (a two-level reduction)."""
         row = self._step[codec]
         row["tensors"] += 1
         row["elements"] += elements
         row["handed"] += handed
         row["sent"] += sent
         row["fp32"] += fp32
+        if cross is not None:
+            row["cross"] += cross
 
     def record_allreduce(self, codec: str, elements: int, nbytes: int, p: int) -> None:
         """One allreduce of an ``nbytes`` buffer holding ``elements`` gradient elements."""
@@ -105,6 +109,8 @@ class WireStats:
         sent = sum(v["sent"] for v in rows.values())
         fp32 = sum(v["fp32"] for v in rows.values())
         out["all"] = {"sent": sent, "fp32": fp32, "ratio": sent / fp32 if fp32 else 1.0}
+        if any("cross" in v for v in rows.values()):
+            out["all"]["cross"] = sum(v.get("cross", 0.0) for v in rows.values())
         return out
 
     def phase_ms(self, last: bool = False) -> Dict[str, float]:

@@ -79,7 +79,7 @@ class _Distributed:
 
 
 def make_reducer(compression, policy, op, gradient_predivide_factor, sparse_as_dense, process_set, prefix,
-                 backward_passes_per_step=1, uneven_inputs=False, extra=()):
+                 backward_passes_per_step=1, uneven_inputs=False, extra=(), hierarchical=False):
     """The settings checked and frozen, and the reducer that drives the engine with them."""
     codec, hvd_compressor = resolve(compression)
     if op not in (_hvd.Average, _hvd.Sum):
@@ -88,14 +88,15 @@ def make_reducer(compression, policy, op, gradient_predivide_factor, sparse_as_d
                               op=SUM if op == _hvd.Sum else AVERAGE, predivide=gradient_predivide_factor,
                               backward_passes=backward_passes_per_step, sparse_as_dense=sparse_as_dense,
                               uneven_inputs=bool(uneven_inputs), compressor=compressor_name(hvd_compressor),
-                              extra=tuple(extra))
+                              extra=tuple(extra), hierarchical=bool(hierarchical))
     return GradientReducer(settings, hvd_compressor, process_set, prefix)
 
 
 def DistributedOptimizer(optimizer, name=None, compression="none", backward_passes_per_step=1,
                          average_aggregated_gradients=False, op=_hvd.Average,
                          gradient_predivide_factor=1.0, sparse_as_dense=False,
-                         process_set=_hvd.global_process_set, policy=None, uneven_inputs=False):
+                         process_set=_hvd.global_process_set, policy=None, uneven_inputs=False,
+                         hierarchical=False):
     """Make a Keras 3 optimizer average gradients across workers before each update.
 
     ``compression``: "none", "fp16", "bf16", "int8", "topk", an ``hvd.Compression`` member, a
@@ -104,6 +105,8 @@ def DistributedOptimizer(optimizer, name=None, compression="none", backward_pass
     and update (``average_aggregated_gradients`` divides the sum by k). ``uneven_inputs=True``:
     ranks with fewer batches may call ``hvd.join()`` (or use ``hvd.callbacks.JoinCallback`` in
     ``fit``) with any codec; one tiny allreduce per step says whether someone has joined.
+    ``hierarchical=True``: float32 inside each node, the codec between nodes (``hvdp.hierarchy``;
+    needs process sets: ``hvd.init(process_sets="dynamic")`` or ``hvd.hierarchical_process_sets()``).
 
     Example::
 
@@ -120,7 +123,8 @@ def DistributedOptimizer(optimizer, name=None, compression="none", backward_pass
         optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
     reducer = make_reducer(compression, policy, op, gradient_predivide_factor, sparse_as_dense,
                            process_set, "hvdp_residual", backward_passes_per_step, uneven_inputs,
-                           extra=(("average_aggregated_gradients", bool(average_aggregated_gradients)),))
+                           extra=(("average_aggregated_gradients", bool(average_aggregated_gradients)),),
+                           hierarchical=hierarchical)
     REPORTER.install()  # needs the rank, so after hvd.init
     install_auto_jit_veto()  # compile(jit_compile="auto") on a GPU node: no XLA for this model
     base = optimizer.__class__

@@ -8,6 +8,7 @@ from hvdp.engine import Engine
 from .agreement import VERSIONS, allgather_fixed, variable_entries
 from .backend import BACKEND as B
 from .join import joined_cond
+from .mesh import levels
 from .plain import FLOATS, KerasPlain
 
 
@@ -29,7 +30,8 @@ class GradientReducer:
                              allgather_fixed(process_set), versions=VERSIONS,
                              make_store=lambda side: B.Store(f"{prefix}_{side}"),
                              per_bucket_auto=B.eager_steps, eager_scope=B.init_scope, tracing=B.tracing,
-                             tensor_word="variable")
+                             tensor_word="variable",
+                             levels=(lambda: levels(process_set)) if settings.hierarchical else None)
         self.variables = None
 
     @property

@@ -25,6 +25,7 @@ from .compiled import CompiledCodec
 from .compression import Compression, resolve
 from .join import OPTIMIZERS, StepControl
 from .layout import agreement_entries, make_layout, named, trainable_ids
+from .mesh import levels
 from .ops import TorchOps
 from .plain import TorchPlain
 from .presence import Presence
@@ -47,7 +48,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self.engine = Engine(settings, _OPS, comm, TorchPlain(comm, settings.op, settings.predivide, hvd_compressor),
                              allgather_fixed(process_set), versions=VERSIONS,
                              wrap_codec=CompiledCodec if compile_codecs else None,
-                             joined=(lambda: ctl().joined()) if ctl is not None else None)
+                             joined=(lambda: ctl().joined()) if ctl is not None else None,
+                             levels=(lambda: levels(process_set, settings.instance)) if settings.hierarchical else None)
         self._presence = Presence(comm)
         self._hooks, self._hooked = [], set()
         REPORTER.install()  # needs the rank, so after hvd.init
@@ -261,7 +263,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
                          backward_passes_per_step=1, op=_hvd.Average, gradient_predivide_factor=1.0,
                          num_groups=0, groups=None, sparse_as_dense=False,
                          process_set=_hvd.global_process_set, policy=None, compile_codecs=None,
-                         uneven_inputs=False):
+                         uneven_inputs=False, hierarchical=False):
     """Wrap a torch optimizer so each step averages gradients across workers first.
 
     Horovod's arguments keep Horovod's meaning. ``compression`` also takes a codec name
@@ -271,7 +273,10 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     :class:`hvdp.CompressionPolicy` (size threshold, name patterns, warm-up, fusion, error feedback);
     ``compile_codecs`` fuses the codec with torch.compile (default: env ``HVDP_COMPILE_CODECS=1``);
     ``uneven_inputs=True`` lets ranks with fewer batches call ``hvd.join()`` with any codec (one
-    tiny allreduce per step tells the ranks whether someone has joined; see ``hvdp.join``).
+    tiny allreduce per step tells the ranks whether someone has joined; see ``hvdp.join``);
+    ``hierarchical=True`` reduces in two levels: float32 inside each node, the codec between
+    nodes (``hvdp.hierarchy``; needs Horovod's process sets: ``hvd.init(process_sets="dynamic")``
+    or ``hvd.init(process_sets=hvd.hierarchical_process_sets())``).
 
     Example::
 
@@ -299,7 +304,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
                               backward_passes=backward_passes_per_step, sparse_as_dense=sparse_as_dense,
                               uneven_inputs=bool(uneven_inputs),
                               compressor=compressor_name(hvd_compressor),
-                              instance=next_instance(process_set))
+                              instance=next_instance(process_set), hierarchical=bool(hierarchical))
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_DistributedOptimizer.__dict__))
     return cls(optimizer.param_groups, named_parameters, settings, hvd_compressor, groups, process_set,
                compile_codecs)

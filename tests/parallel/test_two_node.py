@@ -8,12 +8,16 @@ node's namespaces (host name, veth address), an allreduce's result, that a node-
 veth counters seen from outside must grow by the cross-node payload too, and `down` must leave
 nothing behind.
 """
+import os
 import re
 import sys
 
 import pytest
 
+from conftest import ROOT
 from two_node import TwoNodeCluster
+
+CODECS = ("none", "fp16", "bf16", "int8", "topk")  # two_level_checks.py's torch checks
 
 pytestmark = [pytest.mark.parallel, pytest.mark.timeout(300)]
 
@@ -73,27 +77,54 @@ print(f"CHECK two_node OK rank={r} host={host} addr={addr} intra={intra} tx={cro
 '''
 
 
-def test_two_node_cluster(tmp_path):
+@pytest.fixture(scope="module")
+def cluster():
+    """One two-node cluster for the module's tests; afterwards nothing of it may be left."""
     reason = TwoNodeCluster.unavailable()
     if reason:
         pytest.skip(reason)
+    c = TwoNodeCluster(rate=RATE)
+    with c:
+        yield c
+    assert c.leftovers() == [], c.leftovers()
+
+
+def test_two_node_cluster(cluster, tmp_path):
     worker = tmp_path / "two_node_worker.py"
     worker.write_text(WORKER)
-    cluster = TwoNodeCluster(rate=RATE)
-    with cluster as c:
-        bps = c.speed(0.5)
-        print(f"A->B over the veth: {bps / 1e6:.0f} Mbit/s at rate {RATE}")
-        assert 0.5 * RATE_BITS < bps < 1.1 * RATE_BITS, bps
+    c = cluster
+    bps = c.speed(0.5)
+    print(f"A->B over the veth: {bps / 1e6:.0f} Mbit/s at rate {RATE}")
+    assert 0.5 * RATE_BITS < bps < 1.1 * RATE_BITS, bps
 
-        args = [sys.executable, str(worker), c.iface, ",".join(c.names), ",".join(c.addresses)]
-        for controller in ("gloo", "mpi"):
-            before = c.bytes()
-            r = c.run(c.horovodrun(controller) + args, timeout=JOB_TIMEOUT)
-            after = c.bytes()
-            assert r.returncode == 0, f"{controller}:\n{r.stdout[-4000:]}"
-            oks = {int(k): v for k, v in re.findall(r"CHECK two_node OK rank=(\d) host=(\S+)", r.stdout)}
-            assert oks == {0: c.names[0], 1: c.names[0], 2: c.names[1], 3: c.names[1]}, r.stdout[-4000:]
-            tx, rx = after[0] - before[0], after[1] - before[1]
-            print(f"{controller}: veth tx={tx} rx={rx} bytes for the job")
-            assert tx >= 4 * MIB and rx >= 4 * MIB, (controller, tx, rx)
-    assert cluster.leftovers() == [], cluster.leftovers()
+    args = [sys.executable, str(worker), c.iface, ",".join(c.names), ",".join(c.addresses)]
+    for controller in ("gloo", "mpi"):
+        before = c.bytes()
+        r = c.run(c.horovodrun(controller) + args, timeout=JOB_TIMEOUT)
+        after = c.bytes()
+        assert r.returncode == 0, f"{controller}:\n{r.stdout[-4000:]}"
+        oks = {int(k): v for k, v in re.findall(r"CHECK two_node OK rank=(\d) host=(\S+)", r.stdout)}
+        assert oks == {0: c.names[0], 1: c.names[0], 2: c.names[1], 3: c.names[1]}, r.stdout[-4000:]
+        tx, rx = after[0] - before[0], after[1] - before[1]
+        print(f"{controller}: veth tx={tx} rx={rx} bytes for the job")
+        assert tx >= 4 * MIB and rx >= 4 * MIB, (controller, tx, rx)
+
+
+TWO_LEVEL = os.path.join(ROOT, "tests", "parallel", "workers", "two_level_checks.py")
+
+
+@pytest.mark.parametrize("controller,args,env", [
+    ("gloo", ["torch", "static"], {}),
+    ("mpi", ["torch", "dynamic"], {"HOROVOD_DYNAMIC_PROCESS_SETS": "1"}),
+    ("gloo", ["keras"], {}),
+], ids=["torch-gloo-static", "torch-mpi-dynamic", "keras-gloo"])
+def test_two_level_reduction(cluster, controller, args, env):
+    """hierarchical=True on two nodes of two ranks: every codec (torch) against the exact average
+    under its bound and the numpy reference of the pipeline, ranks bit-identical, none equal to
+    the flat allreduce; Keras's fit with two levels equal to the flat one (see the worker)."""
+    r = cluster.run(cluster.horovodrun(controller) + [sys.executable, TWO_LEVEL] + args,
+                    timeout=JOB_TIMEOUT, env=env)
+    assert r.returncode == 0, f"{controller} {args}:\n{r.stdout[-6000:]}"
+    oks = re.findall(r"CHECK two_level (\S+) OK rank=(\d)", r.stdout)
+    expect = 4 * (1 if args[0] == "keras" else len(CODECS))
+    assert len(set(oks)) == expect, (sorted(set(oks)), r.stdout[-4000:])

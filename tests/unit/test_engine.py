@@ -15,7 +15,7 @@ OPS = NumpyOps()
 SHAPES = [(64, 40), (40,), (40, 30), (30,)]
 NAMES = ["l1.w", "l1.b", "l2.w", "l2.b"]
 STAT_KEYS = {"last_step", "total", "steps", "phase_ms", "phase_ms_last_step", "paths", "paths_why",
-             "codec", "compressed_tensors", "plain_tensors"}
+             "codec", "compressed_tensors", "plain_tensors", "hierarchical"}
 
 
 class NumpyPlain:

@@ -24,8 +24,9 @@ def reference_two_phase(codec, flats):
     return reds[0].finish(pend[0])
 
 
-def check_reduced(codec, per_rank, got, buckets, rtol_ref=1e-6):
-    """Assert the bounds; return the largest |error| against the exact float64 average."""
+def check_reduced(codec, per_rank, got, buckets, rtol_ref=1e-6, reference=None):
+    """Assert the bounds; return the largest |error| against the exact float64 average.
+    ``reference(codec, flats)``: the pipeline to replay (default: the flat two-phase one)."""
     codec = codecs.get(codec)
     p = len(per_rank)
     exact = [np.mean([np.asarray(per_rank[r][i], np.float64) for r in range(p)], axis=0)
@@ -45,8 +46,35 @@ def check_reduced(codec, per_rank, got, buckets, rtol_ref=1e-6):
     if not codec.summable:  # the exact pipeline, replayed in numpy on every rank's buckets
         for idx in buckets:
             flats = [np.concatenate([np.asarray(per_rank[r][i], np.float32) for i in idx]) for r in range(p)]
-            ref = reference_two_phase(codec, flats)
+            ref = (reference or reference_two_phase)(codec, flats)
             mine = np.concatenate([np.asarray(got[i], np.float32) for i in idx])
             np.testing.assert_allclose(mine, ref, rtol=rtol_ref, atol=rtol_ref * float(np.abs(ref).max()),
                                        err_msg=codec.name)
     return max(float(e.max()) for e in err if e.size)
+
+
+def reference_two_level(codec, flats, local_of, cross_of):
+    """The numpy reference of the two-level reduction (``hvdp.hierarchy``), first step:
+    ``local_of[r]`` / ``cross_of[r]``: (group index, index in it) of rank r."""
+    import threading
+
+    from hvdp.hierarchy import HierarchicalReducer
+    p = len(flats)
+    n_local = max(g for g, _ in local_of) + 1
+    n_cross = max(g for g, _ in cross_of) + 1
+    locals_ = [FakeGroup(p // n_local, blocking=True) for _ in range(n_local)]
+    crosses = [FakeGroup(p // n_cross, blocking=True) for _ in range(n_cross)]
+    reds = [HierarchicalReducer(codec, NumpyOps(), locals_[local_of[r][0]].comms[local_of[r][1]],
+                                crosses[cross_of[r][0]].comms[cross_of[r][1]], False) for r in range(p)]
+    out = [None] * p
+
+    def one(r):
+        pend = reds[r].start("b", flats[r])
+        reds[r].exchange(pend)
+        out[r] = reds[r].finish(pend)
+    threads = [threading.Thread(target=one, args=(r,)) for r in range(p)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    return out[0]

@@ -1,0 +1,353 @@
+"""Two-level reduction: full precision inside a node, the codec between nodes.
+
+A cluster has a fast link inside each node (shared memory, NVLink) and a slower one between
+nodes. The flat two-phase reduction sends every rank's chunks over the slow link; with L ranks
+per node and C nodes, :class:`HierarchicalReducer` sends about 1/L of that across nodes:
+
+1. inside the node (the *local* process set, L ranks): a float32 reduce-scatter (an alltoall
+   of L equal shares, each rank summing the share it owns in rank order);
+2. between nodes (the *cross* process set: the C ranks with the same local rank): the share
+   is reduced with the codec — the two-phase reduction of ``hvdp.twophase`` with its error
+   feedback for a two-phase codec, one allreduce in the codec's wire dtype for a summable one
+   (none, fp16);
+3. inside the node again: an allgather of the reduced shares.
+
+Every rank ends with the same bits: the ranks of one cross set decode the same bytes, and
+the final allgather hands the same shares to every rank of a node.
+
+:func:`topology` turns every rank's (cross rank, local rank) into the two families of groups
+and refuses layouts it cannot serve (uneven local sizes, ranks numbered across nodes in a way
+Horovod's own local/cross ranks contradict); :func:`static_groups` predicts them from a
+launcher's environment for ``hvd.init(process_sets=...)``.
+
+Example::
+
+    red = HierarchicalReducer(get("int8"), NumpyOps(), local_comm, cross_comm, error_feedback=True)
+    pend = red.start("b0", flat); red.exchange(pend); out = red.finish(pend)
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from .collectives import AVERAGE, allreduce_recorded
+from .stats import ring_allreduce_bytes
+from .twophase import DictStore, TwoPhaseReducer, chunk_length
+
+Array = Any
+
+
+class HierarchyError(ValueError):
+    """A two-level reduction that cannot run on this job; the message names the fix."""
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Nodes as Horovod sees them: ``local[k]`` the ranks of node k, ``cross[i]`` the ranks with
+    local rank i (one per node), both in rank order."""
+
+    local: Tuple[Tuple[int, ...], ...]
+    cross: Tuple[Tuple[int, ...], ...]
+
+    @property
+    def local_size(self) -> int:
+        return len(self.local[0])
+
+    @property
+    def cross_size(self) -> int:
+        return len(self.local)
+
+    def groups(self) -> List[List[int]]:
+        """The groups that need a process set (same order on every rank), without the whole
+        world and without singletons: one node (cross sets of one rank) or one rank per node."""
+        size = sum(len(g) for g in self.local)
+        out = []
+        for g in self.local + self.cross:
+            if 1 < len(g) < size:
+                out.append(list(g))
+        return out
+
+
+def topology(entries: Sequence[Tuple[int, int]]) -> Topology:
+    """Every rank's ``(cross_rank, local_rank)``, indexed by rank -> the two families of groups.
+
+    Raises :class:`HierarchyError` where the nodes hold different numbers of ranks or the
+    ranks' own numbers contradict each other."""
+    nodes: Dict[int, Dict[int, int]] = {}
+    for rank, (cross, local) in enumerate(entries):
+        node = nodes.setdefault(int(cross), {})
+        if int(local) in node:
+            raise HierarchyError(f"ranks {node[int(local)]} and {rank} both say they are local rank {local} of "
+                                 f"node {cross}: Horovod's local/cross ranks are inconsistent")
+        node[int(local)] = rank
+    sizes = {k: len(v) for k, v in sorted(nodes.items())}
+    if len(set(sizes.values())) > 1:
+        per = ", ".join(f"node {k}: {n}" for k, n in sizes.items())
+        raise HierarchyError(f"hierarchical=True needs the same number of ranks on every node, but the "
+                             f"local sizes are uneven ({per}). Launch the same slots per host (e.g. "
+                             f"horovodrun -H a:2,b:2), or use hierarchical=False")
+    if sorted(nodes) != list(range(len(nodes))):
+        raise HierarchyError(f"cross ranks {sorted(nodes)} are not 0..{len(nodes) - 1}")
+    local = tuple(tuple(nodes[k][i] for i in sorted(nodes[k])) for k in sorted(nodes))
+    width = len(local[0])
+    if any(sorted(nodes[k]) != list(range(width)) for k in nodes):
+        raise HierarchyError("local ranks on some node are not 0..local_size-1")
+    cross = tuple(tuple(local[k][i] for k in range(len(local))) for i in range(width))
+    return Topology(local, cross)
+
+
+def static_groups(environ: Optional[Mapping[str, str]] = None) -> Optional[Topology]:
+    """The topology a launcher will give, from its environment before ``hvd.init``: horovodrun
+    (``HOROVOD_SIZE`` / ``HOROVOD_LOCAL_SIZE``) or Open MPI (``OMPI_COMM_WORLD_SIZE`` /
+    ``OMPI_COMM_WORLD_LOCAL_SIZE``), hosts filled with consecutive ranks as both do by default.
+    None where the environment does not say."""
+    env = os.environ if environ is None else environ
+    for size_var, local_var in (("HOROVOD_SIZE", "HOROVOD_LOCAL_SIZE"),
+                                ("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE")):
+        if env.get(size_var) and env.get(local_var):
+            size, width = int(env[size_var]), int(env[local_var])
+            if width < 1 or size % width:
+                raise HierarchyError(f"{local_var}={width} does not divide {size_var}={size}: the nodes hold "
+                                     "uneven numbers of ranks; hierarchical=True needs the same number per node")
+            return topology([(r // width, r % width) for r in range(size)])
+    return None
+
+
+class _Single:
+    """The collectives of a group of one rank: never called (every level skips its collective
+    at size 1)."""
+
+    size, rank = 1, 0
+
+
+STATIC_HINT = "hvd.init(process_sets=hvd.hierarchical_process_sets())"
+
+
+def static_process_sets(hv, environ=None) -> list:
+    """The process sets for ``hvd.init(process_sets=...)`` that ``hierarchical=True`` needs when
+    dynamic process sets are off, predicted from the launcher's environment (``static_groups``)."""
+    from .mesh import known_process_sets
+    topo = static_groups(environ)
+    if topo is None:
+        raise HierarchyError("hvd.hierarchical_process_sets(): the launcher's environment does not say "
+                             "how many ranks each node holds (HOROVOD_SIZE / HOROVOD_LOCAL_SIZE under "
+                             "horovodrun, OMPI_COMM_WORLD_SIZE / OMPI_COMM_WORLD_LOCAL_SIZE under mpirun); "
+                             "use hvd.init(process_sets='dynamic') instead")
+    return known_process_sets(hv, topo.groups())
+
+
+def make_levels(hv, cross_rank: int, local_rank: int, gather, collectives, process_set=None,
+                environ=None) -> Tuple[Any, Any, Topology]:
+    """This rank's ``(local, cross, topology)`` for a two-level reduction: every rank's place
+    gathered, the groups checked, their Horovod process sets found or added (the same calls on
+    every rank), each wrapped by ``collectives(process_set)``.
+
+    ``hv``: the adapter's ``hvdp.mesh.HorovodSets``; ``gather``: ``(bytes, name) -> [bytes]``
+    over the whole job; ``process_set``: the optimizer's (only the global one is served)."""
+    import struct
+
+    from .config import elastic_mode
+    from .mesh import MeshError, register_groups
+    if elastic_mode(environ):
+        raise HierarchyError("hierarchical=True cannot be used in an elastic job: Horovod's elastic mode does "
+                             "not keep process sets across a reset. Use hierarchical=False with hvd.elastic")
+    if process_set is not None and process_set is not hv.global_process_set and \
+            getattr(process_set, "process_set_id", 0) != 0:
+        raise HierarchyError("hierarchical=True reduces over the whole job's nodes: it cannot combine "
+                             "with process_set= (e.g. a mesh's DP group); use hierarchical=False there")
+    got = gather(struct.pack("<ii", int(cross_rank), int(local_rank)), "hvdp.hierarchy.places")
+    topo = topology([struct.unpack("<ii", b) for b in got])
+    if topo.local_size == 1 or topo.cross_size == 1:
+        shape = "one rank per node" if topo.local_size == 1 else "one node"
+        import warnings
+        warnings.warn(f"hierarchical=True on {shape}: there is nothing to split into two levels, so the "
+                      "reduction is the flat one's in two steps", stacklevel=3)
+    try:
+        sets = register_groups(hv, topo.groups(), "hierarchical=True", STATIC_HINT, environ=environ,
+                               error=HierarchyError)
+    except MeshError as e:  # raised by a mesh helper with a mesh's wording
+        raise HierarchyError(str(e)) from e
+    rank, world = hv.rank(), len(got)
+
+    def comm_of(family):
+        g = next(g for g in family if rank in g)
+        if len(g) == 1:
+            return _Single()
+        if len(g) == world:
+            return collectives(hv.global_process_set)
+        return collectives(sets[tuple(sorted(g))])
+    return comm_of(topo.local), comm_of(topo.cross), topo
+
+
+class _SummedCross:
+    """The cross-node step of a summable codec: one allreduce of the share in its wire dtype."""
+
+    def __init__(self, codec, ops, comm, op, postscale, stats):
+        self.codec, self.ops, self.comm = codec, ops, comm
+        self.op, self.postscale, self.stats = op, postscale, stats
+        self.error_feedback = False
+        self.worker, self.server = DictStore(), DictStore()
+
+    def layout(self, n):
+        return 0, 0
+
+    def start(self, name, share):
+        n, c = self.ops.size(share), self.codec
+        x = share if c.wire_dtype == "float32" else self.ops.cast(share, c.wire_dtype)
+        return allreduce_recorded(self.comm, x, f"hvdp.hx.{name}", self.op, self.postscale, self.stats,
+                                  c.name, n, c.payload_nbytes(n))
+
+    def exchange(self, pend):
+        pass
+
+    def finish(self, pend):
+        out = self.comm.wait(pend) if self.comm.size > 1 else pend
+        return out if self.codec.wire_dtype == "float32" else self.ops.cast(out, "float32")
+
+    def state_dict(self):
+        return {"codec": str(self.codec), "size": self.comm.size, "worker": {}, "server": {}}
+
+    def load_state_dict(self, state):
+        pass
+
+
+class _Counted:
+    """A statistics sink for the cross step: its bytes kept aside (the two-level reducer records
+    the whole bucket once), its phase times and kernel path passed on."""
+
+    def __init__(self, stats):
+        self.stats = stats
+        self.rows: List[Tuple[int, int, float]] = []  # (elements, handed, sent) per record
+
+    def record(self, codec, elements, handed, sent, fp32):
+        self.rows.append((elements, handed, sent))
+
+    def record_allreduce(self, codec, elements, nbytes, p):
+        self.rows.append((elements, nbytes, ring_allreduce_bytes(nbytes, p)))
+
+    def time(self, phase, seconds):
+        if self.stats is not None:
+            self.stats.time(phase, seconds)
+
+    def path(self, *a):
+        if self.stats is not None:
+            self.stats.path(*a)
+
+    def take(self) -> Tuple[int, float]:
+        handed = sum(r[1] for r in self.rows)
+        sent = sum(r[2] for r in self.rows)
+        self.rows.clear()
+        return handed, sent
+
+
+@dataclass
+class _Pending:
+    name: str
+    n: int
+    share: int
+    handle: Any
+    phase: int = 1
+    inner: Any = None
+
+
+class HierarchicalReducer:
+    """Reduces named flat float32 buckets in two levels (see the module's docstring); the
+    interface of :class:`~hvdp.twophase.TwoPhaseReducer` (start / exchange / finish, residual
+    stores, state), so the engine drives it unchanged.
+
+    Args:
+        codec: the codec between nodes (any, ``none`` included).
+        local, cross: collectives over this rank's node and over its cross set.
+        error_feedback: residuals for a two-phase codec (worker: this rank's share; server: the
+            chunk of the share it owns across nodes).
+        op, postscale: the average over every rank (or the sum), then ``postscale``.
+        stats: a ``WireStats``: every bucket recorded once, with the bytes that cross nodes
+            as ``cross``.
+    """
+
+    def __init__(self, codec, ops, local, cross, error_feedback: bool, op: str = AVERAGE,
+                 postscale: float = 1.0, stats=None, worker_store=None, server_store=None, wrap=None):
+        self.codec, self.ops, self.local, self.cross = codec, ops, local, cross
+        self.op, self.postscale, self.stats = op, postscale, stats
+        self._inner_stats = _Counted(stats)
+        # the cross step sums over the nodes; the node's own sum is divided here, so the
+        # result is the average over every rank
+        post = postscale / local.size if op == AVERAGE else postscale
+        if codec.summable:
+            self.inner = _SummedCross(codec, ops, cross, op, post, self._inner_stats)
+        else:
+            run = wrap(codec) if wrap is not None else codec
+            self.inner = TwoPhaseReducer(run, ops, cross, error_feedback, op, post, self._inner_stats,
+                                         worker_store, server_store)
+        self.error_feedback = self.inner.error_feedback
+        self.worker, self.server = self.inner.worker, self.inner.server
+
+    @property
+    def path(self):
+        return getattr(self.inner, "path", None)
+
+    def kernels_for(self, like):
+        return self.inner.kernels_for(like) if hasattr(self.inner, "kernels_for") else None
+
+    def share_length(self, n: int) -> int:
+        """Length of each rank's share of an n-element bucket inside its node."""
+        return chunk_length(n, self.local.size, self.codec.align)
+
+    def layout(self, n: int):
+        """(server residual length, worker residual length) of an n-element bucket."""
+        return self.inner.layout(self.share_length(n))
+
+    def start(self, name: str, flat: Array) -> _Pending:
+        ops, size = self.ops, self.local.size
+        n = ops.size(flat)
+        s = self.share_length(n)
+        if s * size != n:
+            flat = ops.cat([flat, ops.zeros(s * size - n, "float32", like=flat)])
+        handle = self.local.alltoall_async(flat, f"hvdp.hl.{name}") if size > 1 else flat
+        return _Pending(name, n, s, handle)
+
+    def exchange(self, pend: _Pending) -> None:
+        ops, size, s = self.ops, self.local.size, pend.share
+        recv = self.local.wait(pend.handle) if size > 1 else pend.handle
+        recv = ops.reshape(recv, [s * size])  # a static shape again (a traced graph's collective has none)
+        acc = recv[0:s]
+        for j in range(1, size):  # rank order: the owner's sum is deterministic
+            acc = ops.add_(acc, recv[j * s:(j + 1) * s])
+        pend.inner = self.inner.start(pend.name, acc)
+        pend.phase = 2
+
+    def finish(self, pend: _Pending) -> Array:
+        if pend.phase == 1:
+            self.exchange(pend)
+        ops, size, s = self.ops, self.local.size, pend.share
+        self.inner.exchange(pend.inner)
+        share = self.inner.finish(pend.inner)
+        if ops.size(share) != s:
+            share = share[:s]
+        out = self.local.wait(self.local.allgather_async(share, f"hvdp.hg.{pend.name}")) if size > 1 else share
+        out = ops.reshape(out, [s * size])
+        if self.stats is not None:
+            handed, cross = self._inner_stats.take()
+            p = size * self.cross.size
+            # inside the node: the alltoall's L shares and the allgather's one, float32;
+            # each sends (L-1) shares
+            inside = 4 * s * (size + 1) if size > 1 else 0
+            self.stats.record(self.codec.name, pend.n, handed=handed + inside,
+                              sent=cross + 2.0 * (size - 1) * 4 * s, fp32=ring_allreduce_bytes(4 * pend.n, p),
+                              cross=cross)
+        return out[:pend.n]
+
+    # --- state ------------------------------------------------------------------------------
+    def levels(self) -> List[int]:
+        return [self.local.size, self.cross.size, self.local.rank]
+
+    def state_dict(self) -> dict:
+        return dict(self.inner.state_dict(), levels=self.levels())
+
+    def load_state_dict(self, state: dict) -> None:
+        """Residuals come back only where the node layout and this rank's place in it are the
+        same (the share, and so the residual, belongs to the local rank)."""
+        if state.get("levels") != self.levels():
+            state = {"codec": state.get("codec")}
+        self.inner.load_state_dict(state)
