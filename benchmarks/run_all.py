@@ -15,6 +15,7 @@ from tqdm import tqdm
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import links  # noqa: E402  (the three-link stage)
 import peers  # noqa: E402  (hvdp against DDP's hooks on the same links)
+import two_level  # noqa: E402  (flat against two-level reduction on two nodes)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -57,6 +58,10 @@ STAGES = [
     ("hvdp vs DDP's hooks (three links)", lambda: python([os.path.join(HERE, "peers.py")], timeout=5400)),
     ("peak memory of a step (50M params)", lambda: python([os.path.join(HERE, "memory_bench.py"),
                                                             "--json-out", os.path.join(RES, "memory.json")])),
+    ("two-level on two nodes (MPI and Gloo, 1 Gbit/s; MPI 100 Mbit/s)",
+     lambda: python([os.path.join(HERE, "two_level.py")], timeout=3600)),
+    ("cost model: checked on two nodes, projected to 8 GPUs x 2-128 nodes",
+     lambda: python([os.path.join(HERE, "project_scale.py")], timeout=1800)),
     ("convergence (CNN + GPT, 3 seeds)", lambda: python([os.path.join(HERE, "convergence.py"),
                                                          "--json-out", os.path.join(RES, "convergence.json")],
                                                         timeout=3600)),
@@ -102,6 +107,12 @@ def report(elapsed):
         rows.append((f"wire bytes {k} ÷ fp32, P=2", f"{cb['wire'][f'{k}@2'][0]:.4f}", "—", None))
     rows += links.rows(load)
     rows += peers.target_rows()
+    for controller, rate in two_level.RUNS:
+        try:
+            res = load(os.path.basename(two_level.path(controller, rate)))
+        except FileNotFoundError:
+            continue
+        rows += two_level.rows(res, f"two nodes, {controller}, {rate}: ")
     sl = load(os.path.basename(links.path(RES, "1gbit")))
     for k, m in load("memory.json").items():
         sm = m["summary"]
