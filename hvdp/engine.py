@@ -325,6 +325,10 @@ class Engine:
     def exchange_all(self) -> None:
         for pend in self._pending.values():
             self.reducer.exchange(pend)
+        advance = getattr(self.reducer, "advance", None)  # a reducer with a third phase (two levels)
+        if advance is not None:
+            for pend in self._pending.values():
+                advance(pend)
 
     def finish_buckets(self) -> Iterator[Tuple[int, Array]]:
         """Every started bucket's averaged flat float32 values, in start order."""

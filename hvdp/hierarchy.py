@@ -308,6 +308,7 @@ class HierarchicalReducer:
         return _Pending(name, n, s, handle)
 
     def exchange(self, pend: _Pending) -> None:
+        """Wait for the node's shares, sum this rank's, start the cross step."""
         ops, size, s = self.ops, self.local.size, pend.share
         recv = self.local.wait(pend.handle) if size > 1 else pend.handle
         recv = ops.reshape(recv, [s * size])  # a static shape again (a traced graph's collective has none)
@@ -317,11 +318,18 @@ class HierarchicalReducer:
         pend.inner = self.inner.start(pend.name, acc)
         pend.phase = 2
 
-    def finish(self, pend: _Pending) -> Array:
+    def advance(self, pend: _Pending) -> None:
+        """The cross step's second phase (wait, the owner's work, the allgather started): called
+        for every bucket before the first ``finish``, so buckets overlap on the slow link."""
         if pend.phase == 1:
             self.exchange(pend)
+        if pend.phase == 2:
+            self.inner.exchange(pend.inner)
+            pend.phase = 3
+
+    def finish(self, pend: _Pending) -> Array:
+        self.advance(pend)
         ops, size, s = self.ops, self.local.size, pend.share
-        self.inner.exchange(pend.inner)
         share = self.inner.finish(pend.inner)
         if ops.size(share) != s:
             share = share[:s]

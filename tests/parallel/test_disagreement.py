@@ -25,6 +25,7 @@ AGREEMENT = {
     "codec": "compression is 'none' on rank 0 but 'int8(block_size=256)' on rank 1",
     "bpps": "backward_passes_per_step is '1' on rank 0 but '2' on rank 1",
     "policy": "policy is",
+    "hierarchical": "hierarchical is 'False' on rank 0 but 'True' on rank 1",
     "broadcast": "rank 1 has tensor 'extra.weight' [3] float32 that rank 0 lacks",
 }
 

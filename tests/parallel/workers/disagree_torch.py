@@ -31,6 +31,8 @@ def settings_for(case, rank):
             kw["backward_passes_per_step"] = 2
         elif case == "policy":
             kw["policy"] = hvd.CompressionPolicy(exclude=("*.bias",))
+        elif case == "hierarchical":  # the check comes before the two levels' own collectives
+            kw["hierarchical"] = True
     return kw
 
 
