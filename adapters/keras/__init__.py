@@ -40,6 +40,19 @@ globals().update({_n: getattr(_B.hvd, _n, None) or getattr(_B.hvd.mpi_ops._basic
 if hasattr(_B.hvd, "broadcast_object_fn"):  # horovod.tensorflow only
     broadcast_object_fn = _B.hvd.broadcast_object_fn
 
+
+def init(comm=None, process_sets=None):
+    """Horovod's ``init(comm=None, process_sets=None)``; under torchrun / srun without horovodrun
+    it first starts Horovod's Gloo controller from the launcher's variables (``hvdp.bootstrap``,
+    through torch's TCPStore: the torch backend), and it raises where the launcher's world is
+    larger than the job Horovod joined (never a silent size-1 job)."""
+    from hvdp import bootstrap as _bootstrap
+    store = None
+    if _B.name == "torch":
+        from hvdp.torch.bootstrap import tcp_store as store
+    _bootstrap.init(_B.hvd.init, _B.hvd.size, _B.hvd.is_initialized, comm, process_sets,
+                    make_store=store)
+
 from hvdp import __version__  # noqa: E402,F401
 from hvdp.codecs import Compression  # noqa: E402,F401
 from hvdp.join import JoinRefused  # noqa: E402,F401

@@ -19,6 +19,7 @@ from hvdp import __version__  # noqa: F401
 from hvdp.plan import CompressionPolicy  # noqa: F401
 from hvdp.join import JoinRefused  # noqa: F401
 
+from .bootstrap import init  # noqa: F401  (Horovod's, bootstrapped under torchrun / srun: hvdp.bootstrap)
 from .agreement import broadcast_parameters  # noqa: F401  (checks the ranks agree first)
 from .checkpoint import load_checkpoint, save_checkpoint  # noqa: F401
 from .compression import Compression  # noqa: F401

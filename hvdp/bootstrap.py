@@ -1,0 +1,332 @@
+"""``hvd.init()`` where the cluster launched the processes: never a silent split.
+
+Which launcher started this process is read from the environment (``detect``): Horovod's own
+(``horovodrun``), an MPI launcher (``mpirun``, PMI/PMIx), a torchrun-style one (``RANK``,
+``WORLD_SIZE``, ``MASTER_ADDR``/``MASTER_PORT``: torchrun, Kubeflow Trainer, Ray Train, Spark's
+TorchDistributor) or Slurm's ``srun``. For the last two, where Horovod's variables are absent,
+``bootstrap`` starts Horovod's Gloo controller as ``horovodrun --gloo`` would: every rank writes its
+host name into a bootstrap store reached at the launcher's address, rank 0 computes Horovod's
+local/cross ranks from them (``plan``), starts Horovod's own ``RendezvousServer`` with that plan
+and publishes its port; each rank then sets the variables horovodrun gives a Gloo worker.
+After Horovod's init, ``check_size`` refuses a job smaller than the launcher's world.
+
+Framework-free: the store is an argument (``set(key, bytes)``, ``get(key) -> bytes`` that waits;
+torch's ``TCPStore`` is one), and Horovod's runner is imported only when rank 0 starts the server.
+
+Example::
+
+    launcher = detect(os.environ)          # Launcher(kind="torchrun", rank=1, size=2, ...)
+    plan(["a", "a", "b"])[2]               # Slot(hostname="b", rank=2, local_rank=0, cross_rank=1, ...)
+    parse_nodelist("node[01-03,07],gpu5")  # ['node01', 'node02', 'node03', 'node07', 'gpu5']
+"""
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import re
+import socket
+import struct
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Mapping, Optional, Sequence
+
+HOROVOD_VARS = ("HOROVOD_RANK", "HOROVOD_GLOO_RENDEZVOUS_ADDR")
+TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+SLURM_NODELISTS = ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
+SLURM_BASE_PORT = 29400          # srun without MASTER_PORT: this + SLURM_JOB_ID % 20000
+FIX = ("launch with `horovodrun -np N -H host:slots python train.py` (or `--gloo`), or with "
+       "`mpirun -np N python train.py`")
+
+
+@dataclass(frozen=True)
+class Launcher:
+    """What the environment says about the job. ``kind``: horovod, mpi, torchrun, slurm or none;
+    ``size``/``local_size`` None where the launcher does not say; ``addr``/``port``: the bootstrap
+    store (torchrun's MASTER_ADDR:MASTER_PORT, or Slurm's first host)."""
+    kind: str
+    name: str
+    rank: int = 0
+    size: Optional[int] = None
+    local_rank: Optional[int] = None
+    local_size: Optional[int] = None
+    addr: Optional[str] = None
+    port: Optional[int] = None
+    variables: tuple = ()
+
+    @property
+    def bootstraps(self) -> bool:
+        """Whether hvdp starts Horovod's Gloo controller itself for this launcher."""
+        return self.kind in ("torchrun", "slurm") and (self.size or 1) > 1
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One rank's place, as Horovod's ``SlotInfo`` (horovod.runner.common.util.hosts)."""
+    hostname: str
+    rank: int
+    local_rank: int
+    cross_rank: int
+    size: int
+    local_size: int
+    cross_size: int
+
+
+def _int(environ: Mapping[str, str], name: str, default: Optional[int] = None) -> Optional[int]:
+    raw = environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        return int(raw, 10)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not a whole number: the launcher's variables are "
+                         "broken; unset it or relaunch") from None
+
+
+def _seen(environ, names) -> tuple:
+    return tuple(n for n in names if n in environ)
+
+
+def detect(environ: Mapping[str, str]) -> Launcher:
+    """The launcher that started this process, from its variables (Horovod's first, then MPI's,
+    torchrun's, Slurm's: a torchrun inside an ``srun`` step is torchrun)."""
+    e = environ
+    if any(n in e for n in HOROVOD_VARS):
+        return Launcher("horovod", "horovodrun", _int(e, "HOROVOD_RANK", 0), _int(e, "HOROVOD_SIZE"),
+                        _int(e, "HOROVOD_LOCAL_RANK"), _int(e, "HOROVOD_LOCAL_SIZE"),
+                        variables=_seen(e, HOROVOD_VARS + ("HOROVOD_SIZE",)))
+    if "OMPI_COMM_WORLD_SIZE" in e:
+        return Launcher("mpi", "mpirun (Open MPI)", _int(e, "OMPI_COMM_WORLD_RANK", 0),
+                        _int(e, "OMPI_COMM_WORLD_SIZE"), _int(e, "OMPI_COMM_WORLD_LOCAL_RANK"),
+                        _int(e, "OMPI_COMM_WORLD_LOCAL_SIZE"),
+                        variables=_seen(e, ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE")))
+    pmi = [n for n in ("PMIX_RANK", "PMI_RANK", "PMI_SIZE") if n in e]
+    if pmi:  # PMIx gives no size in the environment: no size check then
+        return Launcher("mpi", "an MPI launcher (PMI/PMIx)", _int(e, pmi[0], 0), _int(e, "PMI_SIZE"),
+                        variables=tuple(pmi))
+    if "RANK" in e and "WORLD_SIZE" in e:
+        name = "torchrun" if "TORCHELASTIC_RUN_ID" in e else "a torchrun-style launcher"
+        return Launcher("torchrun", name, _int(e, "RANK"), _int(e, "WORLD_SIZE"), _int(e, "LOCAL_RANK"),
+                        _int(e, "LOCAL_WORLD_SIZE"), e.get("MASTER_ADDR") or None,
+                        _int(e, "MASTER_PORT"), _seen(e, TORCHRUN_VARS))
+    # SLURM_PROCID alone is also set in a batch script's own shell: only an srun step counts
+    if "SLURM_PROCID" in e and ("SLURM_STEP_ID" in e or "SLURM_STEP_NUM_TASKS" in e):
+        nodelist = next((e[n] for n in SLURM_NODELISTS if e.get(n)), "")
+        hosts = parse_nodelist(nodelist) if nodelist else []
+        port = _int(e, "MASTER_PORT") or SLURM_BASE_PORT + (_int(e, "SLURM_JOB_ID", 0) % 20000)
+        size = _int(e, "SLURM_STEP_NUM_TASKS") or _int(e, "SLURM_NTASKS")
+        return Launcher("slurm", "srun", _int(e, "SLURM_PROCID"), size, _int(e, "SLURM_LOCALID"),
+                        None, e.get("MASTER_ADDR") or (hosts[0] if hosts else None), port,
+                        _seen(e, ("SLURM_PROCID", "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_LOCALID")
+                              + SLURM_NODELISTS + ("MASTER_ADDR", "MASTER_PORT")))
+    return Launcher("none", "no launcher (a single process)")
+
+
+def parse_nodelist(nodelist: str) -> List[str]:
+    """Slurm's compressed host list in order: ``node[01-03,07],gpu5`` -> node01 node02 node03
+    node07 gpu5 (zero padding kept; several bracket groups in one name expand as a product)."""
+    names, depth, start = [], 0, 0
+    for i, ch in enumerate(nodelist + ","):
+        depth += {"[": 1, "]": -1}.get(ch, 0)
+        if ch == "," and depth == 0:
+            if nodelist[start:i].strip():
+                names.extend(_expand(nodelist[start:i].strip()))
+            start = i + 1
+    if depth != 0:
+        raise ValueError(f"unbalanced brackets in the Slurm node list {nodelist!r}")
+    return names
+
+
+def _expand(name: str) -> List[str]:
+    m = re.search(r"\[([^\]]*)\]", name)
+    if not m:
+        return [name]
+    head, tail, out = name[:m.start()], name[m.end():], []
+    for part in m.group(1).split(","):
+        lo, _, hi = part.partition("-")
+        if not lo.isdigit() or (hi and not hi.isdigit()):
+            raise ValueError(f"cannot read {part!r} in the Slurm node list {name!r}")
+        width = len(lo)
+        out.extend(f"{head}{n:0{width}d}" for n in range(int(lo), int(hi or lo) + 1))
+    return [h + t for h in out for t in _expand(tail)] if "[" in tail else [h + tail for h in out]
+
+
+def plan(hostnames: Sequence[str]) -> List[Slot]:
+    """Horovod's placement for ranks whose hosts are ``hostnames[rank]``: local rank = place among
+    the host's ranks (in rank order); cross rank = place of the host among those with that local
+    rank (hosts in order of their first rank), as ``get_host_assignments`` gives horovodrun."""
+    size, by_host, local = len(hostnames), {}, []
+    for h in hostnames:
+        local.append(by_host.get(h, 0))
+        by_host[h] = local[-1] + 1
+    cross: Dict[int, List[str]] = {}
+    for h, lr in zip(hostnames, local):
+        cross.setdefault(lr, []).append(h)
+    return [Slot(h, r, lr, cross[lr].index(h), size, by_host[h], len(cross[lr]))
+            for r, (h, lr) in enumerate(zip(hostnames, local))]
+
+
+def check_size(launcher: Launcher, size: int) -> None:
+    """Raise when the launcher started more processes than Horovod joined: each would train alone."""
+    if launcher.size is None or launcher.size <= size:
+        return
+    why = {"horovod": "Horovod's variables say otherwise than the job Horovod joined; relaunch "
+                      "with horovodrun",
+           "mpi": "Horovod did not join the MPI world: it was built without MPI or against another "
+                  "MPI than this mpirun's (`python -m hvdp doctor`; rebuild with "
+                  "`python -m hvdp install-horovod`)",
+           "torchrun": "hvdp bootstraps Horovod's Gloo controller from these variables only inside "
+                       "hvdp's hvd.init() without comm=; call hvdp.torch/hvdp.keras's init, not "
+                       "horovod's, or " + FIX,
+           "slurm": "hvdp bootstraps Horovod's Gloo controller from these variables only inside "
+                    "hvdp's hvd.init() without comm=; or " + FIX}[launcher.kind]
+    raise RuntimeError(
+        f"{launcher.name} started {launcher.size} processes ({', '.join(launcher.variables)}), but "
+        f"Horovod initialised a job of size {size}: each process would train alone on its own "
+        f"model. Fix: {why}.")
+
+
+# --- the network interface ----------------------------------------------------------------------
+def _route_source(addr: str) -> Optional[str]:
+    """The local IPv4 address the kernel would send from to reach ``addr`` (no packet is sent)."""
+    try:
+        target = socket.gethostbyname(addr)
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((target, 9))
+            return s.getsockname()[0]
+    except OSError:
+        return None
+
+
+def interface_addresses() -> Dict[str, str]:
+    """{interface: IPv4 address} of this host (ioctl SIOCGIFADDR on each of ``if_nameindex``)."""
+    import fcntl
+    out = {}
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for _, name in socket.if_nameindex():
+            try:
+                raw = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))
+                out[name] = socket.inet_ntoa(raw[20:24])
+            except OSError:  # no IPv4 address
+                pass
+    return out
+
+
+def choose_iface(addr: Optional[str], environ: Mapping[str, str], one_host: bool) -> str:
+    """HOROVOD_GLOO_IFACE if set; ``lo`` when every rank is on this host; else the interface
+    whose address routes to ``addr`` (the rendezvous host)."""
+    if environ.get("HOROVOD_GLOO_IFACE"):
+        return environ["HOROVOD_GLOO_IFACE"]
+    if one_host:
+        return "lo"
+    src = _route_source(addr) if addr else None
+    if src is None:
+        raise RuntimeError(f"hvdp cannot reach the rendezvous host {addr!r} from this host to choose "
+                           "Gloo's network interface: export HOROVOD_GLOO_IFACE=<interface>")
+    if ipaddress.ip_address(src).is_loopback:
+        return "lo"
+    for name, ip in interface_addresses().items():
+        if ip == src:
+            return name
+    raise RuntimeError(f"no interface holds {src}, this host's address towards {addr}: export "
+                       "HOROVOD_GLOO_IFACE=<interface>")
+
+
+def horovod_env(slot: Slot, addr: str, port: int, iface: str) -> Dict[str, str]:
+    """The variables horovodrun --gloo gives this worker (gloo_run.create_run_env_vars and
+    create_slot_env_vars)."""
+    return {"HOROVOD_GLOO_RENDEZVOUS_ADDR": addr, "HOROVOD_GLOO_RENDEZVOUS_PORT": str(port),
+            "HOROVOD_CONTROLLER": "gloo", "HOROVOD_CPU_OPERATIONS": "gloo", "HOROVOD_GLOO_IFACE": iface,
+            "HOROVOD_HOSTNAME": slot.hostname, "HOROVOD_RANK": str(slot.rank),
+            "HOROVOD_SIZE": str(slot.size), "HOROVOD_LOCAL_RANK": str(slot.local_rank),
+            "HOROVOD_LOCAL_SIZE": str(slot.local_size), "HOROVOD_CROSS_RANK": str(slot.cross_rank),
+            "HOROVOD_CROSS_SIZE": str(slot.cross_size)}
+
+
+# --- the bootstrap ------------------------------------------------------------------------------
+_SERVERS: list = []  # rank 0's rendezvous servers: alive as long as the process
+
+
+def start_rendezvous(slots: Sequence[Slot]) -> int:
+    """Horovod's own RendezvousServer, initialised with the plan as horovodrun does; its port."""
+    from horovod.runner.common.util.hosts import SlotInfo
+    from horovod.runner.http.http_server import RendezvousServer
+    server = RendezvousServer(verbose=0)
+    port = server.start()
+    server.init([SlotInfo(**s.__dict__) for s in slots])
+    _SERVERS.append(server)
+    return port
+
+
+def bootstrap(launcher: Launcher, store, hostname: Optional[str] = None,
+              environ: Optional[Mapping[str, str]] = None,
+              start: Optional[Callable[[Sequence[Slot]], int]] = None) -> Dict[str, str]:
+    """Exchange host names through ``store``, start the rendezvous on rank 0, and return this
+    rank's Horovod variables (the caller puts them into ``os.environ`` before Horovod's init)."""
+    environ = os.environ if environ is None else environ
+    hostname = hostname or environ.get("HOROVOD_HOSTNAME") or socket.gethostname()
+    rank, size = launcher.rank, launcher.size
+    store.set(f"host/{rank}", hostname.encode())
+    if rank == 0:
+        hosts = [store.get(f"host/{r}").decode() for r in range(size)]
+        one_host = len(set(hosts)) == 1
+        src = None if one_host else _route_source(launcher.addr)
+        # one host: loopback; else this host's address towards the launcher's host (which is the
+        # launcher's address itself when rank 0 runs there and reaches it over lo)
+        addr = "127.0.0.1" if one_host else (src if src and not ipaddress.ip_address(src).is_loopback
+                                             else launcher.addr)
+        port = (start or start_rendezvous)(plan(hosts))
+        store.set("plan", json.dumps({"addr": addr, "port": port, "hosts": hosts}).encode())
+    info = json.loads(store.get("plan").decode())
+    slots = plan(info["hosts"])
+    if slots[rank].hostname != hostname:
+        raise RuntimeError(f"rank {rank} is on {hostname} but the bootstrap store says "
+                           f"{slots[rank].hostname}: two jobs share {launcher.addr}:{launcher.port}")
+    iface = choose_iface(info["addr"], environ, len(set(info["hosts"])) == 1)
+    return horovod_env(slots[rank], info["addr"], info["port"], iface)
+
+
+def init(horovod_init: Callable, horovod_size: Callable[[], int], is_initialized: Callable[[], bool],
+         comm=None, process_sets=None, make_store: Optional[Callable[[Launcher], object]] = None,
+         environ=None) -> None:
+    """hvdp's ``hvd.init(comm=None, process_sets=None)``: bootstrap Gloo where the launcher needs
+    it (``make_store(launcher)`` gives the store; None: refuse naming horovodrun/mpirun), call
+    Horovod's init, then refuse a job smaller than the launcher's world."""
+    environ = os.environ if environ is None else environ
+    launcher = detect(environ)
+    if comm is None and launcher.bootstraps and not is_initialized():
+        if not launcher.addr:
+            raise RuntimeError(f"{launcher.name} started {launcher.size} processes but gives no "
+                               "rendezvous host (MASTER_ADDR, or SLURM_JOB_NODELIST for srun): "
+                               f"export MASTER_ADDR and MASTER_PORT, or {FIX}")
+        if make_store is None:
+            raise RuntimeError(f"{launcher.name} started {launcher.size} processes; hvdp starts "
+                               "Horovod's Gloo controller from its variables through torch's "
+                               "TCPStore (hvdp.torch, or hvdp.keras on Keras' torch backend), "
+                               f"which this job does not use: {FIX}")
+        store = make_store(launcher)
+        environ.update(bootstrap(launcher, store, environ=environ))
+    horovod_init(comm=comm, process_sets=process_sets)
+    if comm is None:
+        check_size(launcher, horovod_size())
+
+
+def describe(environ: Mapping[str, str]) -> List[str]:
+    """Lines for ``python -m hvdp doctor``: the launcher detected and what hvdp would set."""
+    try:
+        la = detect(environ)
+    except ValueError as e:
+        return [f"launcher: unreadable variables: {e}"]
+    lines = [f"launcher: {la.name}" + (f" (rank {la.rank} of {la.size}: {', '.join(la.variables)})"
+                                       if la.kind != "none" else "")]
+    if la.bootstraps:
+        iface = environ.get("HOROVOD_GLOO_IFACE") or "lo if every rank is on one host, else the " \
+            "interface that routes to " + str(la.addr)
+        lines.append(f"  hvd.init() starts Horovod's Gloo controller: bootstrap store at {la.addr}:{la.port}, "
+                     "rank 0 runs Horovod's RendezvousServer, each rank sets HOROVOD_GLOO_RENDEZVOUS_ADDR/"
+                     "PORT, HOROVOD_CONTROLLER=gloo, HOROVOD_CPU_OPERATIONS=gloo, HOROVOD_RANK/SIZE/"
+                     f"LOCAL_RANK/LOCAL_SIZE/CROSS_RANK/CROSS_SIZE, HOROVOD_HOSTNAME; HOROVOD_GLOO_IFACE={iface}")
+    elif la.kind in ("horovod", "mpi"):
+        lines.append("  hvd.init() is Horovod's; hvdp sets nothing and checks the size afterwards")
+    elif la.kind != "none":
+        lines.append("  a one-process job: hvd.init() is Horovod's, hvdp sets nothing")
+    return lines

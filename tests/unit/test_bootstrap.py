@@ -1,0 +1,171 @@
+"""hvdp.bootstrap without processes: launcher detection, Slurm node lists, Horovod's local/cross
+plan, the size refusal, and the store protocol with a fake store and threads (no Horovod)."""
+import threading
+
+import pytest
+
+from hvdp import bootstrap as bs
+
+TORCHRUN = {"RANK": "1", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
+            "MASTER_ADDR": "node01", "MASTER_PORT": "29500", "TORCHELASTIC_RUN_ID": "x"}
+SRUN = {"SLURM_PROCID": "3", "SLURM_NTASKS": "4", "SLURM_STEP_NUM_TASKS": "4", "SLURM_STEP_ID": "0",
+        "SLURM_LOCALID": "1", "SLURM_JOB_NODELIST": "gpu[07-08]", "SLURM_JOB_ID": "1234"}
+
+
+def test_detects_each_launcher():
+    assert bs.detect({}).kind == "none" and not bs.detect({}).bootstraps
+    h = bs.detect({"HOROVOD_RANK": "1", "HOROVOD_SIZE": "2", "RANK": "0", "WORLD_SIZE": "2"})
+    assert (h.kind, h.rank, h.size, h.bootstraps) == ("horovod", 1, 2, False)  # horovodrun first
+    assert bs.detect({"HOROVOD_GLOO_RENDEZVOUS_ADDR": "1.2.3.4"}).kind == "horovod"
+    m = bs.detect({"OMPI_COMM_WORLD_RANK": "2", "OMPI_COMM_WORLD_SIZE": "8", **SRUN})
+    assert (m.kind, m.name, m.rank, m.size) == ("mpi", "mpirun (Open MPI)", 2, 8)
+    assert bs.detect({"PMIX_RANK": "0"}).size is None  # no size to check
+    assert bs.detect({"PMI_RANK": "1", "PMI_SIZE": "3"}).size == 3
+    t = bs.detect({**TORCHRUN, **SRUN})  # torchrun inside an srun step: torchrun's world
+    assert (t.kind, t.name, t.rank, t.size, t.local_rank, t.local_size, t.addr, t.port) == \
+        ("torchrun", "torchrun", 1, 4, 1, 2, "node01", 29500)
+    assert t.bootstraps
+    assert bs.detect({"RANK": "0", "WORLD_SIZE": "2"}).name == "a torchrun-style launcher"
+    assert not bs.detect({"RANK": "0", "WORLD_SIZE": "1"}).bootstraps  # one process: nothing to do
+    s = bs.detect(SRUN)
+    assert (s.kind, s.rank, s.size, s.local_rank, s.addr, s.port) == ("slurm", 3, 4, 1, "gpu07", 29400 + 1234)
+    s2 = bs.detect({**SRUN, "MASTER_ADDR": "head", "MASTER_PORT": "4000"})
+    assert (s2.addr, s2.port) == ("head", 4000)
+    # a batch script's own shell (no srun step) is not a launcher of several processes
+    assert bs.detect({"SLURM_PROCID": "0", "SLURM_NTASKS": "4", "SLURM_JOB_NODELIST": "n1"}).kind == "none"
+    with pytest.raises(ValueError, match="WORLD_SIZE='two'"):
+        bs.detect({"RANK": "0", "WORLD_SIZE": "two"})
+
+
+@pytest.mark.parametrize("text,hosts", [
+    ("node[01-03,07],gpu5", ["node01", "node02", "node03", "node07", "gpu5"]),
+    ("n1", ["n1"]),
+    ("a[8-10]", ["a8", "a9", "a10"]),
+    ("rack[1-2]-n[01-02]", ["rack1-n01", "rack1-n02", "rack2-n01", "rack2-n02"]),
+    ("x[3],y[009-010]z", ["x3", "y009z", "y010z"]),
+])
+def test_parses_slurm_node_lists(text, hosts):
+    assert bs.parse_nodelist(text) == hosts
+
+
+def test_refuses_a_broken_node_list():
+    with pytest.raises(ValueError, match="unbalanced"):
+        bs.parse_nodelist("node[01-03")
+    with pytest.raises(ValueError, match="cannot read"):
+        bs.parse_nodelist("node[a-b]")
+
+
+def test_plan_matches_horovods_host_assignments():
+    slots = bs.plan(["a", "a", "b", "b"])
+    assert [(s.local_rank, s.local_size, s.cross_rank, s.cross_size) for s in slots] == \
+        [(0, 2, 0, 2), (1, 2, 0, 2), (0, 2, 1, 2), (1, 2, 1, 2)]
+    assert all(s.size == 4 for s in slots) and [s.rank for s in slots] == [0, 1, 2, 3]
+    # uneven hosts and interleaved ranks: local ranks in rank order, hosts in order of first rank
+    slots = bs.plan(["b", "a", "b", "a", "b"])
+    assert [(s.hostname, s.local_rank, s.local_size, s.cross_rank, s.cross_size) for s in slots] == \
+        [("b", 0, 3, 0, 2), ("a", 0, 2, 1, 2), ("b", 1, 3, 0, 2), ("a", 1, 2, 1, 2), ("b", 2, 3, 0, 1)]
+
+
+def test_plan_is_horovods_own_where_horovod_is_installed():
+    hosts = pytest.importorskip("horovod.runner.common.util.hosts")
+    mine = bs.plan(["a", "a", "a", "b", "b", "c"])
+    theirs = hosts.get_host_assignments(hosts.parse_hosts("a:3,b:2,c:1"), 6)
+    assert [s.__dict__ for s in mine] == [t.__dict__ for t in theirs]
+
+
+def test_refuses_a_silent_split():
+    la = bs.detect(TORCHRUN)
+    with pytest.raises(RuntimeError) as e:
+        bs.check_size(la, 1)
+    msg = str(e.value)
+    assert "torchrun started 4 processes" in msg and "size 1" in msg and "Fix:" in msg
+    assert "RANK" in msg and "horovodrun" in msg
+    bs.check_size(la, 4)
+    bs.check_size(bs.detect({}), 1)
+    with pytest.raises(RuntimeError, match=r"mpirun \(Open MPI\) started 2 .* install-horovod"):
+        bs.check_size(bs.detect({"OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_RANK": "0"}), 1)
+
+
+class FakeStore:
+    """TCPStore's two calls: set, and a get that waits for the key."""
+
+    def __init__(self):
+        self.data, self.cv = {}, threading.Condition()
+
+    def set(self, key, value):
+        with self.cv:
+            self.data[key] = value
+            self.cv.notify_all()
+
+    def get(self, key):
+        with self.cv:
+            assert self.cv.wait_for(lambda: key in self.data, timeout=10), key
+            return self.data[key]
+
+
+def test_bootstrap_gives_each_rank_horovodruns_variables():
+    store, started, out = FakeStore(), [], {}
+    hosts = ["h1", "h1", "h2"]
+
+    def start(slots):
+        started.append(slots)
+        return 4242
+
+    def rank(r):
+        env = {**TORCHRUN, "RANK": str(r), "WORLD_SIZE": "3", "HOROVOD_GLOO_IFACE": "eth9"}
+        out[r] = bs.bootstrap(bs.detect(env), store, hostname=hosts[r], environ=env, start=start)
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in (2, 1, 0)]
+    [t.start() for t in threads]
+    [t.join(20) for t in threads]
+    assert len(started) == 1 and [s.hostname for s in started[0]] == hosts  # rank 0 only
+    assert out[2]["HOROVOD_GLOO_RENDEZVOUS_PORT"] == "4242" and out[0]["HOROVOD_CONTROLLER"] == "gloo"
+    assert [(out[r]["HOROVOD_LOCAL_RANK"], out[r]["HOROVOD_CROSS_RANK"], out[r]["HOROVOD_HOSTNAME"])
+            for r in range(3)] == [("0", "0", "h1"), ("1", "0", "h1"), ("0", "1", "h2")]
+    assert {out[r]["HOROVOD_GLOO_IFACE"] for r in range(3)} == {"eth9"}  # the user's choice kept
+    assert {out[r]["HOROVOD_CPU_OPERATIONS"] for r in range(3)} == {"gloo"}
+
+
+def test_one_host_uses_loopback():
+    la = bs.Launcher("torchrun", "torchrun", 0, 1, addr="somewhere.invalid", port=1)
+    got = bs.bootstrap(la, FakeStore(), hostname="h", environ={}, start=lambda slots: 7)
+    assert (got["HOROVOD_GLOO_RENDEZVOUS_ADDR"], got["HOROVOD_GLOO_IFACE"]) == ("127.0.0.1", "lo")
+
+
+def test_init_bootstraps_then_checks_the_size(monkeypatch):
+    monkeypatch.setattr(bs, "start_rendezvous", lambda slots: 4243)
+    store, calls, envs = FakeStore(), [], {}
+
+    def rank(r):
+        envs[r] = {"RANK": str(r), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}
+        bs.init(lambda comm=None, process_sets=None: calls.append((r, comm, process_sets)), lambda: 2,
+                lambda: False, process_sets=["ps"], make_store=lambda la: store, environ=envs[r])
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in (1, 0)]
+    [t.start() for t in threads]
+    [t.join(20) for t in threads]
+    assert sorted(calls) == [(0, None, ["ps"]), (1, None, ["ps"])]
+    assert [envs[r]["HOROVOD_RANK"] for r in (0, 1)] == ["0", "1"]
+    assert envs[1]["HOROVOD_GLOO_RENDEZVOUS_PORT"] == "4243" and envs[1]["HOROVOD_GLOO_IFACE"] == "lo"
+    calls.clear()
+    env = {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}
+    # without a store (Keras on TensorFlow): refused, naming the launchers that work
+    with pytest.raises(RuntimeError, match="horovodrun.*mpirun"):
+        bs.init(lambda **k: calls.append(k), lambda: 1, lambda: False, environ=dict(env))
+    assert calls == []
+    # an MPI launcher whose world Horovod did not join
+    with pytest.raises(RuntimeError, match="size 1"):
+        bs.init(lambda **k: calls.append(k), lambda: 1, lambda: False,
+                environ={"OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_RANK": "0"})
+    assert calls == [{"comm": None, "process_sets": None}]
+    # no rendezvous host
+    with pytest.raises(RuntimeError, match="MASTER_ADDR"):
+        bs.init(lambda **k: None, lambda: 1, lambda: False, environ={"RANK": "0", "WORLD_SIZE": "2"},
+                make_store=lambda la: FakeStore())
+
+
+def test_doctor_lines_name_the_launcher():
+    lines = bs.describe(TORCHRUN)
+    assert lines[0].startswith("launcher: torchrun (rank 1 of 4") and "RendezvousServer" in lines[1]
+    assert bs.describe({}) == ["launcher: no launcher (a single process)"]
+    assert "sets nothing" in bs.describe({"HOROVOD_RANK": "0", "HOROVOD_SIZE": "2"})[1]
