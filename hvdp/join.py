@@ -18,7 +18,9 @@ The average is Horovod's in every case: the sum over the active ranks divided by
   residual becomes zero (nothing of it was lost); a joined rank sends nothing and keeps its own;
 - server residuals (each rank's share of the re-encoding error of the chunk it owns) are left as
   they are on every rank: no chunk is re-encoded in such a step, so no new error arises, and each
-  is added by its owner at the next two-phase step.
+  is added by its owner at the next two-phase step;
+- a step whose result is not finite (a loss scaler skips it) puts the worker residual back, as
+  a two-phase step does (``TwoPhaseReducer.keep_if_finite``).
 
 After all ranks have joined, hvdp's ``join`` broadcasts the optimizers' parameters and state from
 the last rank to join (it ran every step), so the ranks are identical again.
@@ -68,6 +70,7 @@ class _JoinedPending:
     name: str
     n: int
     handle: Any
+    prev: Any = None  # the worker residual before the step (zeroed by it)
 
 
 class JoinableReducer:
@@ -96,14 +99,15 @@ class JoinableReducer:
         n = ops.size(flat)
         _, padded = r.layout(n)
         x = flat if padded == n else ops.cat([flat, ops.zeros(padded - n, "float32", like=flat)])
-        if r.error_feedback:
-            prev = r.worker.get(name)
-            if prev is not None and ops.size(prev) == padded:
-                x = x + prev
-                r.worker.set(name, ops.zeros(padded, "float32", like=flat))  # sent whole: nothing owed
+        prev = r.worker.get(name) if r.error_feedback else None
+        if prev is not None and ops.size(prev) == padded:
+            x = x + prev
+            r.worker.set(name, ops.zeros(padded, "float32", like=flat))  # sent whole: nothing owed
+        else:
+            prev = None
         handle = allreduce_recorded(r.comm, x, f"hvdp.join.{name}", r.op, r.postscale, r.stats, "none", n,
                                     4 * padded)
-        return _JoinedPending(name, n, handle)
+        return _JoinedPending(name, n, handle, prev)
 
     def exchange(self, pend) -> None:
         if not isinstance(pend, _JoinedPending):
@@ -112,7 +116,10 @@ class JoinableReducer:
     def finish(self, pend):
         if not isinstance(pend, _JoinedPending):
             return self.inner.finish(pend)
-        return self.inner.comm.wait(pend.handle)[:pend.n]
+        out = self.inner.comm.wait(pend.handle)
+        if pend.prev is not None:
+            self.inner.keep_if_finite(pend.name, out, ((self.inner.worker, pend.prev),))
+        return out[:pend.n]
 
 
 def joined_average(contributions: List[Any], active: List[bool], op: str = AVERAGE):

@@ -15,6 +15,11 @@ phase copies its input to numpy once, runs the kernels there and wraps the resul
 then reported as e.g. ``cpu-c (host copies)``). Otherwise (a graph being traced, top-k, no
 compiler) the codec's array ops run. All paths give the same bits. The time of
 each phase (encode, wire wait, owner work, final decode) goes to ``WireStats``.
+
+A step whose reduced bucket is not finite (a loss scaler's overflow: ``torch.amp.GradScaler``
+or Keras's ``LossScaleOptimizer`` then skips it) leaves that bucket's residuals as they were
+before the step, on every rank: the decision is read from the decoded bucket, the same bytes
+everywhere (see :meth:`TwoPhaseReducer.finish`).
 """
 from __future__ import annotations
 
@@ -73,6 +78,9 @@ class _Pending:
     own_final: Any = None  # likewise for the reduced chunk this rank owns
     kernels: Any = None    # the fused kernels of this bucket, or None: array ops
     staged: bool = False   # the kernels run on host (numpy) copies of the framework's arrays
+    # the residuals before this step (error feedback): put back if its result is not finite
+    prev_worker: Any = None
+    prev_server: Any = None
 
 
 class TwoPhaseReducer:
@@ -165,14 +173,13 @@ class TwoPhaseReducer:
             return r
         return self.ops.where(self.ops.isfinite(r), r, 0.0)
 
-    def _encode_with_feedback(self, x, store, name):
-        """Encode x (+ the residual kept under ``name``); keep the new residual.
+    def _encode_with_feedback(self, x, store, name, prev):
+        """Encode x (+ ``prev``, the residual kept under ``name``, or None); keep the new residual.
         Returns the payload and, with error feedback, its decoded value (else None)."""
         if not self.error_feedback:
             return self.codec.encode(self.ops, x), None
         ops, c = self.ops, self.codec
-        prev = store.get(name)
-        if prev is not None and ops.size(prev) == ops.size(x):
+        if prev is not None:
             x = ops.add_(x, prev)  # x: the caller's temporary
         payload = c.encode(ops, x)
         decoded = c.decode(ops, payload, ops.size(x))
@@ -194,28 +201,36 @@ class TwoPhaseReducer:
         t0 = time.perf_counter()
         p, n = self.comm.size, self.ops.size(flat)
         c = chunk_length(n, p, self.codec.align)
-        send, own = self._encode_kernel(k, name, flat, n, c, staged) if k is not None else \
-            self._encode_ops(name, flat, n, c)
+        prev = self._previous(self.worker, name, c * p)
+        send, own = self._encode_kernel(k, name, flat, n, c, prev, staged) if k is not None else \
+            self._encode_ops(name, flat, n, c, prev)
         self._time("encode", t0)
         handle = self.comm.alltoall_async(send, f"hvdp.a2a.{name}") if p > 1 else send
         if self.stats is not None:
             nb = self.codec.payload_nbytes(c)
             self.stats.record(self.codec.name, n, handed=2 * p * nb, sent=two_phase_bytes(nb, p),
                               fp32=ring_allreduce_bytes(4 * n, p))
-        return _Pending(name, n, c, handle, own=own, kernels=k, staged=staged)
+        return _Pending(name, n, c, handle, own=own, kernels=k, staged=staged, prev_worker=prev)
 
-    def _encode_kernel(self, k, name, flat, n, c, staged=False):
-        """Every chunk (+ its residual) encoded by one kernel call into the send buffer; the new
-        residual is a new buffer (a snapshot of the old one stays valid)."""
+    def _previous(self, store, name, size):
+        """The residual kept under ``name`` if it has ``size`` elements, else None (none yet, or
+        another layout's). Never written in place: a step that is rolled back sets it again."""
+        if not self.error_feedback:
+            return None
+        prev = store.get(name)
+        return prev if prev is not None and self.ops.size(prev) == size else None
+
+    def _encode_kernel(self, k, name, flat, n, c, prev, staged=False):
+        """Every chunk (+ its residual ``prev``) encoded by one kernel call into the send buffer;
+        the new residual is a new buffer (``prev`` stays valid)."""
         ops, p = self._kernel_ops(staged), self.comm.size
         flat = self._host(flat, staged)
         nb = self.codec.payload_nbytes(c)
         empty = ops.empty  # every byte gets written
         send = empty(p * nb, "uint8", like=flat)
-        prev = res = None
+        res = None
+        prev = self._host(prev, staged)
         if self.error_feedback:
-            prev = self._host(self.worker.get(name), staged)
-            prev = prev if prev is not None and ops.size(prev) == c * p else None
             res = empty(c * p, "float32", like=flat)
         for i in range(p):
             k.encode(self._chunk(flat, i, c, n, ops), prev=None if prev is None else prev[i * c:(i + 1) * c],
@@ -224,16 +239,12 @@ class TwoPhaseReducer:
             self.worker.set(name, res)  # a graph framework's store assigns it to its variable
         return self._back(send, staged), None
 
-    def _encode_ops(self, name: str, flat: Array, n: int, c: int):
+    def _encode_ops(self, name: str, flat: Array, n: int, c: int, prev):
         # Chunk by chunk: the padded bucket, its corrected value and its decoded value never
         # exist whole; only the new residual and the payloads do (peak memory, issue 18).
         ops, p = self.ops, self.comm.size
         payloads, own = [None] * p, None
         if self.error_feedback:
-            prev = self.worker.get(name)
-            if prev is None or ops.size(prev) != c * p:
-                prev = None
-
             def residual_chunks():
                 nonlocal own
                 # this rank's chunk last: its decoded value (kept for exchange) then overlaps
@@ -261,27 +272,26 @@ class TwoPhaseReducer:
         t0 = time.perf_counter()
         scale = self.postscale / p if self.op == AVERAGE else self.postscale
         k = pend.kernels
+        pend.prev_server = prev = self._previous(self.server, pend.name, c)
         if k is not None:  # decode and sum in one pass, then encode with the server residual
             staged = pend.staged
             kops = self._kernel_ops(staged)
             acc = k.decode_sum(self._host(recv, staged), p, c, scale)
             pend.own = None
             if self.error_feedback:
-                prev = self._host(self.server.get(pend.name), staged)
                 res = kops.empty(c, "float32", like=acc)
-                payload = k.encode(acc, prev=prev if prev is not None and kops.size(prev) == c else None,
-                                   residual=res)
+                payload = k.encode(acc, prev=self._host(prev, staged), residual=res)
                 self.server.set(pend.name, res)
             else:
                 payload = k.encode(acc)
             payload = self._back(payload, staged)
         else:
-            payload = self._exchange_ops(pend, recv, scale)
+            payload = self._exchange_ops(pend, recv, scale, prev)
         self._time("owner", t0)
         pend.handle = self.comm.allgather_async(payload, f"hvdp.ag.{pend.name}") if p > 1 else payload
         pend.phase = 2
 
-    def _exchange_ops(self, pend, recv, scale):
+    def _exchange_ops(self, pend, recv, scale, prev):
         ops, p, c = self.ops, self.comm.size, pend.chunk
         nb = self.codec.payload_nbytes(c)
         acc = None
@@ -293,10 +303,18 @@ class TwoPhaseReducer:
         pend.own = None
         if scale != 1.0:
             acc = ops.mul_(acc, scale)
-        payload, pend.own_final = self._encode_with_feedback(acc, self.server, pend.name)
+        payload, pend.own_final = self._encode_with_feedback(acc, self.server, pend.name, prev)
         return payload
 
     def finish(self, pend: _Pending) -> Array:
+        """Wait for the allgather and decode: the reduced bucket, the same bits on every rank.
+
+        With error feedback, a result that is not finite (an inf or NaN on some rank, or a sum
+        that overflowed) puts this bucket's worker and server residuals back as they were before
+        the step, on every rank alike, a rank whose own gradient was finite included: a step a
+        loss scaler skips must not hand its (scaled) leftovers to the next one. A residual that
+        did not exist before comes back as zeros.
+        """
         if pend.phase == 1:
             self.exchange(pend)
         ops, p, c = self.ops, self.comm.size, pend.chunk
@@ -315,7 +333,34 @@ class TwoPhaseReducer:
                                                    else self.codec.decode(ops, got[j * nb:(j + 1) * nb], c))
                                                   for j in range(p)), like=got)
         self._time("final_decode", t0)
-        return self._back(out[:pend.n], pend.staged)
+        out = self._back(out, pend.staged)
+        if self.error_feedback:
+            self.keep_if_finite(pend.name, out, ((self.worker, pend.prev_worker), (self.server, pend.prev_server)))
+            pend.prev_worker = pend.prev_server = None
+        return out[:pend.n]
+
+    def keep_if_finite(self, name: str, out: Array, before) -> None:
+        """Put the residuals a step wrote back as they were unless ``out`` (its reduced bucket, the
+        same bits on every rank, so every rank decides alike) is finite.
+
+        ``before``: ``(store, previous value or None)`` for each store the step set under
+        ``name``; None (no residual before the step) comes back as zeros. Eagerly the check is
+        one read of ``out``, and nothing else runs for a finite step. Where the data cannot be
+        looked at (a TensorFlow graph being traced: ``all_finite`` answers False) the rollback is
+        a select, ``where(finite, new, previous)``, which a graph store assigns to its variable
+        like any other value.
+        """
+        ops = self.ops
+        if ops.all_finite(out):
+            return
+        n = ops.size(out)
+        bad = ops.amax_rows(ops.reshape(ops.where(ops.isfinite(out), 0.0, 1.0), (1, n))) > 0  # shape (1,)
+        for store, prev in before:
+            new = store.get(name)
+            if new is None:
+                continue
+            old = prev if prev is not None else ops.zeros(ops.size(new), "float32", like=new)
+            store.set(name, ops.where(bad, old, new))
 
     # --- state ------------------------------------------------------------------------------
     def state_dict(self) -> dict:

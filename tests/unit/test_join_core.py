@@ -78,6 +78,26 @@ def test_residual_rule(codec):
         np.testing.assert_array_equal(reds[r].server.get("b0"), server[r])
 
 
+@pytest.mark.parametrize("codec", ["int8", "topk"])
+def test_a_joined_step_with_nonfinite_result_keeps_the_worker_residual(codec):
+    """A loss scaler skips a joined step whose result is not finite: the active rank's worker
+    residual is not flushed by it (every residual as before the step)."""
+    rng = np.random.default_rng(2)
+    p, n = 3, 2048
+    reds, flags = reducers(p, codec, ef=True)
+    step(reds, [rng.standard_normal(n).astype(np.float32) for _ in range(p)], [True] * p)
+    worker = [r.worker.get("b0").copy() for r in reds]
+    server = [r.server.get("b0").copy() for r in reds]
+    flags["joined"] = True
+    g = [rng.standard_normal(n).astype(np.float32) * 2.0 ** 20 for _ in range(p)]
+    g[2][7] = np.inf
+    outs = step(reds, g, [True, False, True])
+    assert all(not np.isfinite(o).all() for o in outs.values())
+    for r in range(p):
+        np.testing.assert_array_equal(reds[r].worker.get("b0"), worker[r])
+        np.testing.assert_array_equal(reds[r].server.get("b0"), server[r])
+
+
 def test_error_feedback_telescopes_across_a_joined_tail():
     """4 steps all active, 1 step with rank 1 joined: the applied updates add up to the exact
     contributions, up to what the joined rank and the servers still hold."""

@@ -74,3 +74,63 @@ def test_torch_backend_runs_the_same_codecs_as_the_numpy_reference():
             "print('SAME')")
     r = _run(code, "torch")
     assert r.stdout.strip().endswith("SAME"), r.stderr[-3000:]
+
+
+def test_tf_traced_step_with_nonfinite_result_rolls_back_the_residuals():
+    """Inside tf.function the reducer cannot look at the data: the rollback of a non-finite
+    step is a select assigned to the residual variables, the numpy reference's values."""
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "adapters", "keras"))
+    from ops import TFOps
+
+    from hvdp.simcomm import FakeGroup
+    from hvdp.twophase import TwoPhaseReducer
+
+    class VariableStore:  # as hvdp.keras keeps residuals on TensorFlow: assigned variables
+        def __init__(self):
+            self.vars = {}
+
+        def create(self, name, n):
+            self.vars[name] = tf.Variable(tf.zeros([n]), trainable=False)
+
+        def get(self, name):
+            return tf.convert_to_tensor(self.vars[name]) if name in self.vars else None
+
+        def set(self, name, value):
+            self.vars[name].assign(value)
+
+        def snapshot(self):
+            return {k: v.numpy() for k, v in self.vars.items()}
+
+    class One:
+        size, rank = 1, 0
+
+    codec = codecs.get("topk", ratio=0.05)
+    red = TwoPhaseReducer(codec, TFOps(), One(), True, worker_store=VariableStore(),
+                          server_store=VariableStore())
+    ref = TwoPhaseReducer(codec, NumpyOps(), FakeGroup(1).comms[0], True)
+    c, padded = red.layout(1000)
+    red.worker.create("b0", padded)
+    red.server.create("b0", c)
+
+    @tf.function
+    def step(x):
+        pend = red.start("b0", x)
+        red.exchange(pend)
+        return red.finish(pend)
+
+    rng = np.random.default_rng(5)
+    grads = [rng.standard_normal(1000).astype(np.float32) for _ in range(3)]
+    grads[1] = grads[1] * np.float32(2.0 ** 20)
+    grads[1][17] = np.inf
+    for t, g in enumerate(grads):
+        before = red.worker.snapshot()["b0"].copy()
+        out = step(tf.constant(g)).numpy()
+        pend = ref.start("b0", g.copy())
+        ref.exchange(pend)
+        np.testing.assert_array_equal(out, ref.finish(pend))
+        np.testing.assert_array_equal(red.worker.snapshot()["b0"], ref.worker_residual["b0"])
+        np.testing.assert_array_equal(red.server.snapshot()["b0"], ref.server_residual["b0"])
+        if t == 1:
+            assert not np.isfinite(out).all()
+            np.testing.assert_array_equal(red.worker.snapshot()["b0"], before)
+    assert step.experimental_get_tracing_count() == 1

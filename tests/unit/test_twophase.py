@@ -19,9 +19,9 @@ def reduce_all(reducers, grads, name="b0"):
     return [r.finish(p) for r, p in zip(reducers, pend)]
 
 
-def make(p, codec, ef=False, op=AVERAGE, stats=None):
+def make(p, codec, ef=False, op=AVERAGE, stats=None, ops=OPS):
     g = FakeGroup(p)
-    return [TwoPhaseReducer(codec, OPS, c, ef, op, stats=stats) for c in g.comms]
+    return [TwoPhaseReducer(codec, ops, c, ef, op, stats=stats) for c in g.comms]
 
 
 def int8_bound(grads, out_mean, block):
@@ -124,3 +124,83 @@ def test_chunk_length_and_wire_stats():
         # each of the p simulated workers recorded its own bytes; the ratio is per worker
         assert ratio == pytest.approx((1 + 4 / 256) / 4, rel=1e-3)
         assert ratio <= 0.27
+
+
+def copies(reducers):
+    """Every rank's (worker, server) residuals, copied."""
+    return [({k: v.copy() for k, v in r.worker_residual.items()},
+             {k: v.copy() for k, v in r.server_residual.items()}) for r in reducers]
+
+
+def assert_same_residuals(a, b):
+    for (wa, sa), (wb, sb) in zip(a, b):
+        for x, y in ((wa, wb), (sa, sb)):
+            assert x.keys() == y.keys()
+            for k in x:
+                np.testing.assert_array_equal(x[k].view(np.uint32), y[k].view(np.uint32))
+
+
+class BlindOps(NumpyOps):
+    """Like TensorFlow while a graph is traced: the fast-path guards cannot look at the data."""
+
+    def all_finite(self, x):
+        return False
+
+    def all_nonnegative(self, x):
+        return False
+
+
+@pytest.mark.parametrize("ops", [OPS, BlindOps()], ids=["eager", "traced"])
+@pytest.mark.parametrize("name", ["int8", "topk"])
+@pytest.mark.parametrize("bad", [np.inf, np.nan])
+def test_a_step_with_nonfinite_result_leaves_no_trace_in_residuals(name, bad, ops):
+    """A loss scaler skips a step whose reduced gradients are not finite; its residuals must then
+    be as before the step on every rank, also on rank 1 whose own gradient was finite; the next
+    finite step gives what a fresh reducer loaded with the residuals of before gives."""
+    rng = np.random.default_rng(7)
+    codec = codecs.get(name)
+    grads = lambda: [rng.standard_normal(1000).astype(np.float32) for _ in range(2)]  # noqa: E731
+    reducers = make(2, codec, ef=True, ops=ops)
+    reduce_all(reducers, grads())  # residuals exist
+    before = copies(reducers)
+    state = [r.state_dict() for r in reducers]
+    overflow = [g * 2.0 ** 20 for g in grads()]  # the scaled step: its leftovers are huge
+    overflow[0][123] = bad
+    outs = reduce_all(reducers, overflow)
+    assert all(not np.isfinite(o).all() for o in outs)
+    assert_same_residuals(copies(reducers), before)
+    fresh = make(2, codec, ef=True, ops=ops)
+    for f, s in zip(fresh, state):
+        f.load_state_dict(s)
+    finite = grads()
+    got, want = reduce_all(reducers, finite), reduce_all(fresh, finite)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+    assert_same_residuals(copies(reducers), copies(fresh))
+
+
+@pytest.mark.parametrize("ops", [OPS, BlindOps()], ids=["eager", "traced"])
+@pytest.mark.parametrize("name", ["int8", "topk"])
+def test_a_first_step_with_nonfinite_result_leaves_zero_residuals(name, ops):
+    codec = codecs.get(name)
+    reducers = make(2, codec, ef=True, ops=ops)
+    grads = [np.full(600, 3.0e5, np.float32), np.full(600, 1.0e5, np.float32)]
+    grads[1][5] = -np.inf
+    reduce_all(reducers, grads)
+    for w, s in copies(reducers):
+        assert w and s and all(not v.any() for v in list(w.values()) + list(s.values()))
+    finite = [np.linspace(-1, 1, 600, dtype=np.float32), np.ones(600, np.float32)]
+    np.testing.assert_array_equal(reduce_all(reducers, finite)[0],
+                                  reduce_all(make(2, codec, ef=True, ops=ops), finite)[0])
+
+
+@pytest.mark.parametrize("name", ["int8", "topk"])
+def test_a_finite_step_keeps_its_residuals_where_the_guard_cannot_tell(name):
+    """The select keeps a finite step's residuals (the traced case: the guard always says False)."""
+    rng = np.random.default_rng(8)
+    grads = [rng.standard_normal(1000).astype(np.float32) for _ in range(2)]
+    blind, eager = make(2, codecs.get(name), ef=True, ops=BlindOps()), make(2, codecs.get(name), ef=True)
+    for _ in range(2):
+        np.testing.assert_array_equal(reduce_all(blind, grads)[0], reduce_all(eager, grads)[0])
+    assert_same_residuals(copies(blind), copies(eager))
+    assert all(np.abs(w["b0"]).max() > 0 for w, _ in copies(blind))

@@ -1,5 +1,6 @@
 """What a demanding torch user does (issue 18), under real workers: two optimizers in flight,
-bfloat16 models, non-contiguous parameters, requires_grad changed after the optimizer was made.
+bfloat16 models, non-contiguous parameters, requires_grad changed after the optimizer was made;
+GradScaler's skipped steps (torch_amp_checks.py).
 Each rank runs the named checks and prints 'CHECK <name> OK rank=<r>'; a failure raises."""
 import copy
 import sys
@@ -380,6 +381,7 @@ CHECKS = {
     "noncontiguous": check_noncontiguous,
     "requires_grad": check_requires_grad,
     "fresh_state_broadcast": check_fresh_state_broadcast,
+    "amp_skipped_steps": lambda: __import__("torch_amp_checks").check_skipped_steps(),
 }
 
 if __name__ == "__main__":
