@@ -319,8 +319,13 @@ def describe(environ: Mapping[str, str]) -> List[str]:
     lines = [f"launcher: {la.name}" + (f" (rank {la.rank} of {la.size}: {', '.join(la.variables)})"
                                        if la.kind != "none" else "")]
     if la.bootstraps:
-        iface = environ.get("HOROVOD_GLOO_IFACE") or "lo if every rank is on one host, else the " \
-            "interface that routes to " + str(la.addr)
+        iface = environ.get("HOROVOD_GLOO_IFACE")
+        if not iface:
+            try:
+                iface = f"lo if every rank is on one host, else {choose_iface(la.addr, environ, False)}"
+            except RuntimeError as e:
+                iface = f"lo if every rank is on one host, else none found ({e})"
+            iface += f" (the interface routing to {la.addr})"
         lines.append(f"  hvd.init() starts Horovod's Gloo controller: bootstrap store at {la.addr}:{la.port}, "
                      "rank 0 runs Horovod's RendezvousServer, each rank sets HOROVOD_GLOO_RENDEZVOUS_ADDR/"
                      "PORT, HOROVOD_CONTROLLER=gloo, HOROVOD_CPU_OPERATIONS=gloo, HOROVOD_RANK/SIZE/"

@@ -13,7 +13,7 @@ import subprocess
 import sys
 from importlib import metadata
 
-from . import config
+from . import bootstrap, config
 
 _PROBE = r"""
 import json, sys, os
@@ -206,6 +206,7 @@ def diagnose() -> dict:
             "keras": _version("keras"), "mpi4py": _version("mpi4py"), "mpi": mpi_version,
         },
         "pitfalls": [],
+        "launcher": bootstrap.describe(os.environ),  # which launcher, what hvd.init() would set
     }
     pit = report["pitfalls"]
     pit.extend(config.problems(os.environ))  # HVDP_* values hvdp would refuse at its first read
@@ -276,6 +277,8 @@ def main(argv=None) -> int:
               + (f"   built against {fw} {r['built_against'][fw]}" if fw in r.get("built_against", {}) else ""))
     if "mpi4py" in r and "library" in r["mpi4py"]:
         print(f"mpi4py MPI  {r['mpi4py']['library']}")
+    for line in r.get("launcher", []):
+        print(line)
     for where, lines in r.get("kernels", {}).items():
         print(f"codec kernels ({'host memory' if where == 'host' else 'CUDA tensors'}):")
         for line in lines:
