@@ -75,6 +75,7 @@ class TFBackend:
     refuse_xla = staticmethod(refuse_xla)
     op_name = staticmethod(op_name)
     eager_steps = False  # the train step is traced: auto chooses one codec, before tracing
+    tensor_types = (tf.Tensor, tf.Variable)  # what horovod.tensorflow's compressors take
 
     @staticmethod
     def tracing():

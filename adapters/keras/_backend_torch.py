@@ -66,6 +66,7 @@ class TorchBackend:
     Buffer = Buffer
     elastic_run = staticmethod(_torch_elastic_run)
     eager_steps = True  # Keras runs the torch backend's train step eagerly: auto per bucket
+    tensor_types = (torch.Tensor,)  # what horovod.torch's compressors take
 
     @staticmethod
     def tracing():

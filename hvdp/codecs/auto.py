@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Tuple
 
 from .base import Codec, get, names
+from .compressor import horovod_compressor
 
 # topk changes what training sees (most of each gradient waits in the residual), so auto never
 # picks it unless the user lists it
@@ -63,6 +64,13 @@ class Auto:
             raise ValueError(f"auto margin must be in [0, 1), got {self.margin!r}")
         if not isinstance(self.trial_steps, int) or self.trial_steps < 0:
             raise ValueError(f"auto trial_steps must be an int >= 0, got {self.trial_steps!r}")
+
+    def compress(self, tensor):
+        """Not a Horovod compressor: raises, naming what to use (``hvdp.codecs.compressor``)."""
+        return horovod_compressor(self, tensor)
+
+    def decompress(self, tensor, ctx):
+        return horovod_compressor(self, tensor)
 
     def configure(self, **settings) -> "Auto":
         """A copy with other settings, e.g. ``configure(candidates=("none", "int8"))``."""

@@ -4,6 +4,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, ClassVar, Dict, Type
 
+from .compressor import horovod_compressor
+
 Array = Any
 
 
@@ -36,6 +38,16 @@ class Codec:
     def decode(self, ops, payload: Array, n: int) -> Array:
         """uint8 payload -> float32 chunk of length n."""
         raise NotImplementedError
+
+    # Horovod's Compressor contract, for Horovod's own collectives (hvd.allreduce(t, compression=
+    # hvd.Compression.fp16)): the framework's Horovod compressor of the same name does the work
+    def compress(self, tensor: Array) -> tuple:
+        """Horovod's ``compress``: ``(compressed tensor, context)`` (summable codecs only)."""
+        return horovod_compressor(self, tensor).compress(tensor)
+
+    def decompress(self, tensor: Array, ctx: Any) -> Array:
+        """Horovod's ``decompress``: the tensor back in the dtype ``ctx`` names."""
+        return horovod_compressor(self, tensor).decompress(tensor, ctx)
 
     def configure(self, **settings) -> "Codec":
         """A copy with other settings, e.g. ``Compression.topk.configure(ratio=0.05)``."""

@@ -26,6 +26,15 @@ class NoCompression(_Cast):
     summable = True
     wire_dtype = "float32"
 
+    @staticmethod
+    def compress(tensor):
+        """Horovod's ``Compression.none``: the tensor itself, no context."""
+        return tensor, None
+
+    @staticmethod
+    def decompress(tensor, ctx):
+        return tensor
+
 
 @register
 @dataclass(frozen=True)

@@ -61,6 +61,33 @@ def test_every_horovod_keras_and_collective_name_is_reachable(backend):
         assert got[kind] == NOT_ON.get(backend, {}).get(kind, []), (kind, got[kind])
 
 
+@pytest.mark.parametrize("backend", ["tensorflow", "torch"])
+def test_compression_members_keep_horovods_compressor_contract(backend):
+    """hvdp.keras's hvd.Compression.fp16 / .none compress and decompress the backend's tensors as
+    its Horovod's compressors do; int8 refuses, naming what to use."""
+    code = ("import numpy as np, hvdp.keras as hvd\n"
+            "from hvdp.keras.backend import BACKEND as B\n"
+            "x = (np.random.default_rng(1).standard_normal(9) * 1e3)\n"
+            "ts = ([__import__('tensorflow').constant(x, dtype=d) for d in ('float32', 'float64', 'int32')]\n"
+            "      if B.name == 'tensorflow' else [__import__('torch').tensor(x)])\n"
+            "for t in ts:\n"
+            "    for ours, theirs in ((hvd.Compression.fp16, B.hvd.Compression.fp16),\n"
+            "                         (hvd.Compression.none, B.hvd.Compression.none)):\n"
+            "        (a, ca), (b, cb) = ours.compress(t), theirs.compress(t)\n"
+            "        assert a.dtype == b.dtype and ca == cb and np.array_equal(np.asarray(a), np.asarray(b))\n"
+            "        back, ref = ours.decompress(a, ca), theirs.decompress(b, cb)\n"
+            "        assert back.dtype == ref.dtype == t.dtype and np.array_equal(np.asarray(back), np.asarray(ref))\n"
+            "try:\n"
+            "    hvd.Compression.int8.compress(ts[0])\n"
+            "except ValueError as e:\n"
+            "    assert 'use hvd.Compression.fp16' in str(e)\n"
+            "else:\n"
+            "    raise AssertionError('int8 compressed')\n"
+            "print('SAME', len(ts))")
+    r = _run(code, backend)
+    assert r.stdout.strip().endswith("SAME " + ("3" if backend == "tensorflow" else "1")), r.stderr[-3000:]
+
+
 def test_torch_backend_runs_the_same_codecs_as_the_numpy_reference():
     """hvdp.keras on the torch backend encodes with hvdp.torch's ops: same bytes as numpy."""
     code = ("import numpy as np, hvdp.keras as hvd; from hvdp import codecs; from hvdp.ops import NumpyOps\n"

@@ -49,6 +49,32 @@ def test_compression_members_and_horovod_compressors():
         resolve("int3")
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int64])
+def test_compression_members_keep_horovods_compressor_contract(dtype):
+    """hvd.Compression.fp16 / .none compress and decompress as Horovod's static methods do (the
+    same tensors, dtypes and contexts): what hvd.allreduce(t, compression=...) calls."""
+    t = (torch.from_numpy(RNG.standard_normal(33)) * 1e3).to(dtype)
+    for ours, theirs in ((hvd.Compression.fp16, hvd_torch.Compression.fp16),
+                         (hvd.Compression.none, hvd_torch.Compression.none)):
+        (a, ca), (b, cb) = ours.compress(t), theirs.compress(t)
+        assert a.dtype == b.dtype and torch.equal(a, b) and ca == cb
+        back, ref = ours.decompress(a, ca), theirs.decompress(b, cb)
+        assert back.dtype == ref.dtype == dtype and torch.equal(back, ref)
+    assert hvd.Compression.none.compress(t)[0] is t
+    assert hvd.Compression.fp16.compress(t)[0].dtype == (torch.float16 if dtype.is_floating_point else dtype)
+
+
+@pytest.mark.parametrize("name", ["bf16", "int8", "topk", "auto"])
+def test_two_phase_members_refuse_compress_naming_what_to_use(name):
+    t = torch.ones(4)
+    for call in (lambda c: c.compress(t), lambda c: c.decompress(t, torch.float32)):
+        with pytest.raises(ValueError, match=f"DistributedOptimizer.*compression=hvd.Compression.{name}.*"
+                                             "use hvd.Compression.fp16 or hvd.Compression.none"):
+            call(getattr(hvd.Compression, name))
+    with pytest.raises(TypeError, match="no framework takes a numpy.ndarray"):
+        hvd.Compression.fp16.compress(np.ones(3))
+
+
 @pytest.mark.timeout(600)
 def test_compiled_codec_equals_reference():
     """torch.compile'd int8 (the general path, fused) gives the reference's bytes and values."""
