@@ -282,7 +282,10 @@ def bootstrap(launcher: Launcher, store, hostname: Optional[str] = None,
         raise RuntimeError(f"rank {rank} is on {hostname} but the bootstrap store says "
                            f"{slots[rank].hostname}: two jobs share {launcher.addr}:{launcher.port}")
     iface = choose_iface(info["addr"], environ, len(set(info["hosts"])) == 1)
-    return horovod_env(slots[rank], info["addr"], info["port"], iface)
+    env = horovod_env(slots[rank], info["addr"], info["port"], iface)
+    if not environ.get("NCCL_SOCKET_IFNAME"):  # as horovodrun sets it; a user's choice is kept
+        env["NCCL_SOCKET_IFNAME"] = iface
+    return env
 
 
 def init(horovod_init: Callable, horovod_size: Callable[[], int], is_initialized: Callable[[], bool],

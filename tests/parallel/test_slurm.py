@@ -53,14 +53,27 @@ def free_port():
         return s.getsockname()[1]
 
 
-def stop(d):
-    """End the daemons this test started, by their pid files (never by name)."""
+def alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def stop(d, wait_s=30):
+    """End the daemons this test started, by their pid files (never by name), and wait for them."""
+    pids = []
     for name in reversed(DAEMONS):
         try:
             with open(os.path.join(d, f"{name}.pid")) as f:
-                os.kill(int(f.read().strip()), signal.SIGTERM)
+                pids.append(int(f.read().strip()))
+            os.kill(pids[-1], signal.SIGTERM)
         except (OSError, ValueError):
             pass
+    deadline = time.time() + wait_s
+    while any(alive(p) for p in pids) and time.time() < deadline:
+        time.sleep(0.2)
 
 
 @pytest.fixture
@@ -105,7 +118,6 @@ def slurm():
         yield env
     finally:
         stop(d)
-        time.sleep(1)
         shutil.rmtree(d, ignore_errors=True)
 
 

@@ -124,12 +124,16 @@ def test_bootstrap_gives_each_rank_horovodruns_variables():
             for r in range(3)] == [("0", "0", "h1"), ("1", "0", "h1"), ("0", "1", "h2")]
     assert {out[r]["HOROVOD_GLOO_IFACE"] for r in range(3)} == {"eth9"}  # the user's choice kept
     assert {out[r]["HOROVOD_CPU_OPERATIONS"] for r in range(3)} == {"gloo"}
+    assert {out[r]["NCCL_SOCKET_IFNAME"] for r in range(3)} == {"eth9"}
 
 
 def test_one_host_uses_loopback():
     la = bs.Launcher("torchrun", "torchrun", 0, 1, addr="somewhere.invalid", port=1)
     got = bs.bootstrap(la, FakeStore(), hostname="h", environ={}, start=lambda slots: 7)
     assert (got["HOROVOD_GLOO_RENDEZVOUS_ADDR"], got["HOROVOD_GLOO_IFACE"]) == ("127.0.0.1", "lo")
+    kept = bs.bootstrap(la, FakeStore(), hostname="h", environ={"NCCL_SOCKET_IFNAME": "ib0"},
+                        start=lambda slots: 7)
+    assert "NCCL_SOCKET_IFNAME" not in kept  # the user's NCCL interface is left alone
 
 
 def test_init_bootstraps_then_checks_the_size(monkeypatch):
