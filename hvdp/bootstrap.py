@@ -288,6 +288,27 @@ def bootstrap(launcher: Launcher, store, hostname: Optional[str] = None,
     return env
 
 
+_STORES: list = []     # kept alive: rank 0's may serve the others
+_GENERATION = [0]      # a second init (after shutdown) uses fresh keys
+STORE_TIMEOUT_S = 300  # how long a rank waits for the others' host names and rank 0's plan
+
+
+def tcp_store(dist, launcher: Launcher, environ: Optional[Mapping[str, str]] = None):
+    """torch's TCPStore at the launcher's address, ``dist`` being ``torch.distributed`` (passed in:
+    the core imports no framework): a client of torchrun's agent store where the agent hosts one
+    (TORCHELASTIC_USE_AGENT_STORE), else served by rank 0 (multi-tenant, so a later
+    init_process_group on the same port shares it). Keys under hvdp/<restart>/<generation>/."""
+    import datetime
+    environ = os.environ if environ is None else environ
+    agent = environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    store = dist.TCPStore(launcher.addr, launcher.port, launcher.size,
+                          is_master=launcher.rank == 0 and not agent,
+                          timeout=datetime.timedelta(seconds=STORE_TIMEOUT_S), multi_tenant=True)
+    _STORES.append(store)
+    _GENERATION[0] += 1
+    return dist.PrefixStore(f"hvdp/{environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/{_GENERATION[0]}/", store)
+
+
 def init(horovod_init: Callable, horovod_size: Callable[[], int], is_initialized: Callable[[], bool],
          comm=None, process_sets=None, make_store: Optional[Callable[[Launcher], object]] = None,
          environ=None) -> None:
@@ -304,8 +325,7 @@ def init(horovod_init: Callable, horovod_size: Callable[[], int], is_initialized
         if make_store is None:
             raise RuntimeError(f"{launcher.name} started {launcher.size} processes; hvdp starts "
                                "Horovod's Gloo controller from its variables through torch's "
-                               "TCPStore (hvdp.torch, or hvdp.keras on Keras' torch backend), "
-                               f"which this job does not use: {FIX}")
+                               f"TCPStore, and torch is not installed here: {FIX}")
         store = make_store(launcher)
         environ.update(bootstrap(launcher, store, environ=environ))
     horovod_init(comm=comm, process_sets=process_sets)

@@ -44,14 +44,19 @@ if hasattr(_B.hvd, "broadcast_object_fn"):  # horovod.tensorflow only
 def init(comm=None, process_sets=None):
     """Horovod's ``init(comm=None, process_sets=None)``; under torchrun / srun without horovodrun
     it first starts Horovod's Gloo controller from the launcher's variables (``hvdp.bootstrap``,
-    through torch's TCPStore: the torch backend), and it raises where the launcher's world is
-    larger than the job Horovod joined (never a silent size-1 job)."""
+    through torch's TCPStore, on either backend where torch is installed, as it is wherever torchrun
+    runs), and it raises where the launcher's world is larger than the job Horovod joined (never a
+    silent size-1 job)."""
+    import importlib
+    import importlib.util
+
     from hvdp import bootstrap as _bootstrap
-    store = None
-    if _B.name == "torch":
-        from hvdp.torch.bootstrap import tcp_store as store
+
+    def store(launcher):
+        return _bootstrap.tcp_store(importlib.import_module("torch.distributed"), launcher)
+
     _bootstrap.init(_B.hvd.init, _B.hvd.size, _B.hvd.is_initialized, comm, process_sets,
-                    make_store=store)
+                    make_store=store if importlib.util.find_spec("torch") else None)
 
 from hvdp import __version__  # noqa: E402,F401
 from hvdp.codecs import Compression  # noqa: E402,F401
