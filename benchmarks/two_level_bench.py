@@ -108,13 +108,13 @@ def main():
             if hasattr(opt, "compression_stats"):
                 ph = opt.compression_stats()["phase_ms_last_step"]
                 compute[m].append(sum(ph.get(k, 0.0) for k in ("encode", "owner", "final_decode")) / 1e3)
+    stats = {m: built[m][1].compression_stats() for m in names if METHODS[m][0] == "hvdp"}
     # every rank's times: a step is as slow as its slowest rank
     out = {}
     for m in names:
         t = hvd.allgather(torch.tensor([times[m]], dtype=torch.float64), name=f"t.{m}").max(0).values.tolist()
         out[m] = {"step_s": t, "cross_bytes": cross[m], "codec_s": compute[m],
                   "median_s": statistics.median(t), "median_cross_bytes": statistics.median(cross[m])}
-    stats = {m: built[m][1].compression_stats() for m in names if METHODS[m][0] == "hvdp"}
     for m, st in stats.items():
         out[m]["phase_ms"] = st["phase_ms"]
     if r == 0:
@@ -122,6 +122,7 @@ def main():
             json.dump({"params": params, "grad_mb": 4 * params / 1e6, "width": a.width, "depth": a.depth,
                        "batch": a.batch, "rounds": a.rounds, "steps": a.steps, "methods": out,
                        "stats_last_step": {m: s["last_step"] for m, s in stats.items()}}, f, indent=1)
+    hvd.barrier()  # no rank leaves (shutting Horovod down) while another still works
 
 
 if __name__ == "__main__":

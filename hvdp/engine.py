@@ -92,6 +92,7 @@ class Engine:
             raise ValueError("hierarchical=True: the adapter must pass levels=() -> (local, cross)")
         self._make_levels = levels if settings.hierarchical else None
         self.levels: Optional[Tuple[Any, Any]] = None  # made with the first layout
+        self._levels_word: Optional[str] = None
         # the codec run now: the fixed one, or auto's single choice once made (None before;
         # per-bucket auto keeps None: its MixedReducer holds a codec per bucket)
         self.codec = None if settings.auto else settings.codec
@@ -137,6 +138,8 @@ class Engine:
     def _make_hierarchical(self):
         s = self.settings
         self.levels = self._make_levels()
+        local, cross = self.levels
+        self._levels_word = f"{cross.size} nodes x {local.size} ranks"
         stores = (self._make_store("w"), self._make_store("s")) if self._make_store is not None else (None, None)
         local, cross = self.levels
         return HierarchicalReducer(self.codec, self.ops, local, cross, s.error_feedback(self.codec), s.op,
@@ -252,11 +255,9 @@ class Engine:
             size=self.comm.size, instance=s.instance, hierarchical=s.hierarchical, **dict(s.extra))
 
     def levels_word(self) -> Optional[str]:
-        """The node layout of a two-level reduction ("2 nodes x 2 ranks"), else None."""
-        if self.levels is None:
-            return None
-        local, cross = self.levels
-        return f"{cross.size} nodes x {local.size} ranks"
+        """The node layout of a two-level reduction ("2 nodes x 2 ranks"), else None (read once,
+        when the levels were made: ``compression_stats()`` must not need Horovod running)."""
+        return self._levels_word
 
     def check(self, tensors: Sequence[agreement.Tensor], at_creation: bool = False) -> None:
         """Raise the same :class:`~hvdp.agreement.DisagreementError` on every rank unless all
