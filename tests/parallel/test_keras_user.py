@@ -1,5 +1,6 @@
 """What a demanding Keras user hits (issue 18), under ``horovodrun -np 2`` over Gloo and MPI:
-saved models loaded back, custom Horovod compressors, the tape under XLA, refreezing with int8.
+saved models loaded back, custom Horovod compressors, the tape under XLA, refreezing with int8,
+Horovod's module-level collectives with compression= (issue 27).
 The checks are in ``workers/keras_user_checks.py``."""
 import functools
 import os
@@ -10,7 +11,7 @@ from conftest import CONTROLLERS, WORKERS, checks_passed, horovodrun
 
 pytestmark = pytest.mark.parallel
 
-CHECKS = ["save_load", "compressor", "refreeze"]
+CHECKS = ["save_load", "compressor", "refreeze", "module_collectives"]
 
 
 @functools.lru_cache(maxsize=None)

@@ -95,6 +95,29 @@ def check_compressor():
     assert Doubling.calls >= 2, Doubling.calls
 
 
+def check_module_collectives():
+    """hvd.allreduce / grouped_allreduce with compression=hvd.Compression.fp16 or .none give
+    horovod.tensorflow's bits (issue 27); a two-phase codec is a clear error on every rank."""
+    import horovod.tensorflow as H
+    t = tf.constant(np.random.RandomState(3 + hvd.rank()).randn(500).astype("float32") * 100)
+    for ours, theirs in ((hvd.Compression.fp16, H.Compression.fp16), (hvd.Compression.none, H.Compression.none)):
+        tag = f"kmc.{ours.name}"
+        pairs = [(hvd.allreduce(t, name=f"{tag}.a", compression=ours),
+                  H.allreduce(t, name=f"{tag}.ha", compression=theirs)),
+                 *zip(hvd.grouped_allreduce([t, 2 * t], name=f"{tag}.g", compression=ours),
+                      H.grouped_allreduce([t, 2 * t], name=f"{tag}.hg", compression=theirs))]
+        for i, (a, b) in enumerate(pairs):
+            assert a.dtype == b.dtype == tf.float32 and np.array_equal(a.numpy(), b.numpy()), (tag, i)
+    exact = hvd.allreduce(t, name="kmc.exact").numpy()
+    assert not np.array_equal(exact, hvd.allreduce(t, name="kmc.half", compression=hvd.Compression.fp16).numpy())
+    try:
+        hvd.allreduce(t, name="kmc.int8", compression=hvd.Compression.int8)
+    except ValueError as e:
+        assert "use hvd.Compression.fp16 or hvd.Compression.none" in str(e), e
+    else:
+        raise AssertionError("hvd.allreduce(compression=hvd.Compression.int8) ran")
+
+
 def check_refreeze(passes=1):
     x, y = data(16 * passes * hvd.size() * 4)
     xs, ys = x[hvd.rank()::hvd.size()], y[hvd.rank()::hvd.size()]
@@ -134,6 +157,7 @@ CHECKS = {
     "save_load": check_save_load,
     "compressor": check_compressor,
     "refreeze": lambda: (check_refreeze(), check_refreeze(passes=2)),  # one job: CI time
+    "module_collectives": check_module_collectives,
 }
 
 if __name__ == "__main__":
