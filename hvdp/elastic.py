@@ -7,11 +7,17 @@ many samples of its order have been consumed (``processed``): after a reset the 
 epoch is re-split over however many workers there are now, none skipped and none repeated. The
 last block of an epoch may be short, so a rank may get fewer samples (or none) in that step; it
 still takes part in the step.
+
+Without a batch size it is Horovod's ``ElasticSampler(dataset, shuffle=True, seed=0)``: a sampler
+for ``DataLoader(sampler=...)`` that yields this rank's sample indices of the rest of the epoch
+(elements r, r + size, ... of it), padded as Horovod pads, by repeating its first samples, so
+every rank has the same number (with the data loader's batches unknown, the ranks' step counts
+must match); ``record_batch(batch_idx, batch_size)`` counts ``batch_size * size`` samples.
 """
 from __future__ import annotations
 
 import random
-from typing import Callable, Iterator, List
+from typing import Callable, Iterator, List, Optional, Union
 
 
 class ElasticOrder:
@@ -23,11 +29,20 @@ class ElasticOrder:
         for idx in order:            # this rank's indices of each step (maybe fewer, maybe none)
             train_step(idx)
             order.record_batch()     # the step is done: its whole block counts as processed
+
+        order = ElasticOrder(len(data), None, hvd.rank, hvd.size)   # Horovod's sampler
+        loader = DataLoader(data, batch_size=32, sampler=order)
+        for i, batch in enumerate(loader):
+            train_step(batch)
+            order.record_batch(i, 32)
     """
 
-    def __init__(self, num_samples: int, batch_size: int, get_rank: Callable[[], int],
+    def __init__(self, num_samples: int, batch_size: Optional[int], get_rank: Callable[[], int],
                  get_size: Callable[[], int], shuffle: bool = True, seed: int = 0):
-        if num_samples <= 0 or batch_size <= 0:
+        if isinstance(batch_size, bool):
+            raise TypeError(f"ElasticSampler's second argument is hvdp's batch_size, not Horovod's "
+                            f"shuffle: pass ElasticSampler(dataset, shuffle={batch_size}) by keyword")
+        if num_samples <= 0 or (batch_size is not None and batch_size <= 0):
             raise ValueError(f"num_samples and batch_size must be positive, got {num_samples}, {batch_size}")
         self.num_samples, self.batch_size = num_samples, batch_size
         self.shuffle, self.seed = shuffle, seed
@@ -46,8 +61,11 @@ class ElasticOrder:
         block = self.batch_size * self._get_size()
         return -(-(self.num_samples - self.processed) // block)
 
-    def __iter__(self) -> Iterator[List[int]]:
+    def __iter__(self) -> Iterator[Union[List[int], int]]:
         order, size, rank = self.order(), self._get_size(), self._get_rank()
+        if self.batch_size is None:  # Horovod's sampler: this rank's samples, the same count everywhere
+            yield from self._padded(order[self.processed:], size)[rank::size]
+            return
         block = self.batch_size * size
         start = self.processed
         while start < self.num_samples:
@@ -57,12 +75,30 @@ class ElasticOrder:
             # the caller records the step; if it did not, do not move past this block
             start = self.processed
 
+    @staticmethod
+    def _padded(rest: List[int], size: int) -> List[int]:
+        """``rest`` made a multiple of ``size`` long by repeating its first samples (Horovod's rule)."""
+        total = -(-len(rest) // size) * size
+        out = list(rest)
+        while rest and len(out) < total:
+            out += rest[:total - len(out)]
+        return out
+
     def __len__(self) -> int:
+        if self.batch_size is None:
+            return -(-(self.num_samples - self.processed) // self._get_size())
         return self.steps_left()
 
-    def record_batch(self) -> None:
-        """The last yielded step is done (committed or about to be): count its whole block."""
-        self.processed += self._last_block
+    def record_batch(self, batch_idx: Optional[int] = None, batch_size: Optional[int] = None) -> None:
+        """A step is done. ``record_batch()``: the last yielded block counts as processed;
+        Horovod's ``record_batch(batch_idx, batch_size)``: ``batch_size`` samples on every rank."""
+        if batch_size is not None:
+            self.processed = min(self.num_samples, self.processed + batch_size * self._get_size())
+        elif self.batch_size is None:
+            raise ValueError("an ElasticSampler made without batch_size counts what the data loader "
+                             "took: call record_batch(batch_idx, batch_size), as with Horovod's")
+        else:
+            self.processed += self._last_block
         self._last_block = 0
 
     def set_epoch(self, epoch: int) -> None:

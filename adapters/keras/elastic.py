@@ -24,10 +24,12 @@ def run(func):
 
 
 class ElasticSampler(ElasticOrder):
-    """This rank's indices of every step; see :class:`hvdp.elastic.ElasticOrder`."""
+    """This rank's indices of every step; see :class:`hvdp.elastic.ElasticOrder` (without
+    ``batch_size``: this rank's sample indices, as hvdp.torch's sampler in Horovod's form)."""
 
-    def __init__(self, num_samples, batch_size, shuffle=True, seed=0):
-        super().__init__(num_samples, batch_size, _hvd.rank, _hvd.size, shuffle, seed)
+    def __init__(self, num_samples, batch_size=None, shuffle=True, seed=0):
+        n = num_samples if isinstance(num_samples, int) else len(num_samples)
+        super().__init__(n, batch_size, _hvd.rank, _hvd.size, shuffle, seed)
 
 
 class KerasState(ObjectState):

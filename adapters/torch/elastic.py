@@ -33,15 +33,23 @@ from hvdp.elastic import ElasticOrder
 from .functions import broadcast_optimizer_state
 
 
-class ElasticSampler(ElasticOrder):
+class ElasticSampler(ElasticOrder, torch.utils.data.Sampler):
     """Yields this rank's indices of every step; see :class:`hvdp.elastic.ElasticOrder`.
 
-    Unlike Horovod's ``ElasticSampler`` it never pads the last step with repeated samples, and
-    it counts what was processed per step block, so the rest of an epoch is re-split exactly.
+    With ``batch_size`` (hvdp's form), unlike Horovod's ``ElasticSampler``, it never pads the
+    last step with repeated samples, and it counts what was processed per step block, so the
+    rest of an epoch is re-split exactly. Without it, Horovod's ``ElasticSampler(dataset,
+    shuffle=True, seed=0)``: a ``DataLoader`` sampler of this rank's sample indices, padded as
+    Horovod's, with ``record_batch(batch_idx, batch_size)``.
+
+    Example::
+
+        sampler = hvd.elastic.ElasticSampler(dataset)               # as in Horovod
+        loader = torch.utils.data.DataLoader(dataset, batch_size=32, sampler=sampler)
     """
 
-    def __init__(self, dataset_or_len, batch_size, shuffle=True, seed=0):
-        n = dataset_or_len if isinstance(dataset_or_len, int) else len(dataset_or_len)
+    def __init__(self, dataset, batch_size=None, shuffle=True, seed=0):
+        n = dataset if isinstance(dataset, int) else len(dataset)
         super().__init__(n, batch_size, _hvd.rank, _hvd.size, shuffle, seed)
 
 

@@ -71,3 +71,39 @@ def test_order_depends_on_epoch_and_seed_and_short_last_block():
     assert [len(s) for s in steps] == [4, 1]  # rank 1 of 2: 8-sample block, then the last 2
     with pytest.raises(ValueError):
         ElasticOrder(0, 4, get_rank=lambda: 0, get_size=lambda: 1)
+
+
+def samplers(n, size, **kw):
+    """Horovod's form (no batch size): one sampler per rank of a world of ``size``."""
+    world = World(size)
+    return world, [ElasticOrder(n, None, get_rank=(lambda r=r: r), get_size=lambda: world.size, **kw)
+                   for r in range(size)]
+
+
+def test_without_batch_size_every_rank_gets_the_same_count_and_the_rest_after_a_resize():
+    world, s = samplers(50, 3, seed=1)
+    parts = [list(o) for o in s]
+    assert [len(p) for p in parts] == [len(o) for o in s] == [17, 17, 17]
+    assert sorted(set(sum(parts, []))) == list(range(50))  # 51 slots: one sample repeated
+    order = s[0].order()
+    assert parts[1] == (order + order[:1])[1::3]  # elements r, r + size, ... (Horovod's split)
+    for o in s:  # two data-loader batches of 4 per rank: 24 samples
+        o.record_batch(0, 4)
+        o.record_batch(1, 4)
+    state = s[0].state_dict()
+    world, s2 = samplers(50, 2, seed=1)
+    for o in s2:
+        o.load_state_dict(state)
+    rest = [list(o) for o in s2]
+    assert sorted(sum(rest, [])) == sorted(order[24:]) and [len(r) for r in rest] == [13, 13]
+
+
+def test_without_batch_size_pads_a_short_rest_and_asks_for_horovods_record_batch():
+    _, s = samplers(5, 4, shuffle=False)
+    for o in s:
+        o.record_batch(0, 1)  # 4 of 5 processed: one sample left for 4 ranks
+    assert [list(o) for o in s] == [[4]] * 4
+    with pytest.raises(ValueError, match=r"record_batch\(batch_idx, batch_size\)"):
+        s[0].record_batch()
+    with pytest.raises(TypeError, match="shuffle=False"):
+        ElasticOrder(5, False, get_rank=lambda: 0, get_size=lambda: 1)

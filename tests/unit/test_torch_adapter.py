@@ -91,3 +91,45 @@ def test_compiled_codec_equals_reference():
     np.testing.assert_array_equal(np.isnan(dec), np.isnan(dref))
     np.testing.assert_array_equal(dec[~np.isnan(dec)], dref[~np.isnan(dref)])
     assert str(fused) == str(codec) and fused.payload_nbytes(128) == codec.payload_nbytes(128)
+
+
+@pytest.mark.parametrize("n,size,shuffle", [(101, 3, True), (10, 4, True), (64, 2, False)])
+def test_elastic_sampler_without_batch_size_is_horovods(monkeypatch, n, size, shuffle):
+    """hvd.elastic.ElasticSampler(dataset): Horovod's sampler's indices on every rank, through
+    record_batch(batch_idx, batch_size), a state round trip, a resize and the next epoch (world
+    size and rank faked, as Horovod's own sampler reads them)."""
+    import horovod.torch.elastic.sampler as hs
+    world = {"rank": 0, "size": size}
+    for mod in (hs, hvd_torch):
+        monkeypatch.setattr(mod, "rank", lambda: world["rank"])
+        monkeypatch.setattr(mod, "size", lambda: world["size"])
+    data = torch.utils.data.TensorDataset(torch.arange(n))
+
+    def both(state=None):
+        out = []
+        for r in range(world["size"]):
+            world["rank"] = r
+            ours, theirs = hvd.elastic.ElasticSampler(data, shuffle=shuffle, seed=4), \
+                hs.ElasticSampler(data, shuffle=shuffle, seed=4)
+            assert isinstance(ours, torch.utils.data.Sampler)
+            if state is not None:
+                ours.load_state_dict(state[0])
+                theirs.load_state_dict(state[1])
+            assert list(ours) == list(theirs) and len(ours) == len(theirs), (r, world)
+            out.append((ours, theirs))
+        return out
+
+    pairs = both()
+    for ours, theirs in pairs:
+        for i in range(2):
+            ours.record_batch(i, 2)
+            theirs.record_batch(i, 2)
+    state = (pairs[0][0].state_dict(), pairs[0][1].state_dict())
+    world["size"] = size - 1
+    pairs = both(state)
+    for ours, theirs in pairs:
+        ours.set_epoch(1)
+        theirs.set_epoch(1)
+        assert list(ours) == list(theirs)
+    loader = torch.utils.data.DataLoader(data, batch_size=4, sampler=pairs[0][0])
+    assert torch.equal(torch.cat([b[0] for b in loader]), torch.tensor(list(pairs[0][1])))

@@ -1,6 +1,6 @@
 """What a Horovod torch script does besides the optimizer (issue 27), against plain Horovod in the
-same job: each call on hvdp.torch and on horovod.torch, the results compared. Run as checks of
-torch_user_checks.py (its job)."""
+same job: each call on hvdp.torch and on horovod.torch, the results compared (module-level
+collectives, the elastic sampler). Run as checks of torch_user_checks.py (its job)."""
 import inspect
 
 import horovod.torch as H
@@ -57,3 +57,36 @@ def check_module_collectives():
         else:
             raise AssertionError(f"{mod.__name__}.allreduce_async took compression=")
     assert torch.equal(hvd.synchronize(hvd.allreduce_async(t, name="mc.async")), exact)
+
+
+def check_elastic_sampler():
+    """Horovod's elastic example: hvd.elastic.ElasticSampler(dataset) feeding a DataLoader, kept in
+    a TorchState, record_batch(batch_idx, batch_size), commit, restore; the same indices as
+    Horovod's own sampler on every rank."""
+    from horovod.torch.elastic import ElasticSampler as HorovodSampler
+    data = torch.utils.data.TensorDataset(torch.arange(101).float())
+    ours, theirs = hvd.elastic.ElasticSampler(data), HorovodSampler(data)
+    assert list(ours) == list(theirs) and len(ours) == len(theirs) == 51
+    model = torch.nn.Linear(1, 1)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
+                                   named_parameters=model.named_parameters())
+    state = hvd.elastic.TorchState(model=model, optimizer=opt, train_sampler=ours, epoch=0, batch=0)
+    loader = torch.utils.data.DataLoader(data, batch_size=4, sampler=ours)
+    seen = []
+    for batch_idx, (x,) in enumerate(loader):
+        seen.append(x.long())
+        ours.record_batch(batch_idx, 4)
+        theirs.record_batch(batch_idx, 4)
+        if batch_idx == 2:
+            state.commit()
+        if batch_idx == 4:
+            break
+    assert torch.equal(torch.cat(seen), torch.tensor(list(HorovodSampler(data))[:20]))
+    state.restore()  # back to the commit after 3 batches: 3 * 4 * size samples done
+    assert ours.state_dict()["processed"] == 12 * hvd.size()
+    theirs.load_state_dict(dict(theirs.state_dict(), processed_num=12 * hvd.size()))
+    assert list(ours) == list(theirs) and len(ours) == len(theirs)
+    state.sync()
+    ours.set_epoch(1)
+    theirs.set_epoch(1)
+    assert list(ours) == list(theirs)

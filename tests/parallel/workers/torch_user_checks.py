@@ -384,6 +384,7 @@ CHECKS = {
     "fresh_state_broadcast": check_fresh_state_broadcast,
     "amp_skipped_steps": lambda: __import__("torch_amp_checks").check_skipped_steps(),
     "module_collectives": lambda: __import__("torch_compat_checks").check_module_collectives(),
+    "elastic_sampler": lambda: __import__("torch_compat_checks").check_elastic_sampler(),
 }
 
 if __name__ == "__main__":
