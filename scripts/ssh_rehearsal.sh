@@ -20,6 +20,8 @@ MARK="# hvdp-rehearsal"
 DROPIN_DIR=/etc/ssh/ssh_config.d
 SSHD=${SSHD:-/usr/sbin/sshd}
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=cluster_lib.sh
+source "$HERE/cluster_lib.sh"
 die() { echo "ssh_rehearsal: $*" >&2; exit 1; }
 
 why_not() {  # the first reason this machine cannot host the rehearsal, or nothing
@@ -32,17 +34,6 @@ why_not() {  # the first reason this machine cannot host the rehearsal, or nothi
     [[ -w /etc/hosts ]] || { echo "/etc/hosts is not writable here"; return; }
     grep -qs "^Include $DROPIN_DIR/\*.conf" /etc/ssh/ssh_config \
         || echo "/etc/ssh/ssh_config does not include $DROPIN_DIR/*.conf (needed to keep ~/.ssh untouched)"
-}
-
-hosts_without() {  # rewrite /etc/hosts in place (it is often a bind mount: no rename)
-    local kept
-    kept=$(grep -vF "$1" /etc/hosts || true)
-    printf '%s\n' "$kept" > /etc/hosts
-}
-
-descendants() {  # pids below $1: ssh sessions (and what they started) outlive their sshd
-    local c
-    for c in $(ps -o pid= --ppid "$1" 2>/dev/null); do echo "$c"; descendants "$c"; done
 }
 
 down() {

@@ -53,6 +53,8 @@ SSHD=${SSHD:-/usr/sbin/sshd}
 PORT=${HVDP_TWO_NODE_PORT:-2222}
 PYTHON=${PYTHON:-python3}
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=cluster_lib.sh
+source "$HERE/cluster_lib.sh"
 SELF=$HERE/$(basename "${BASH_SOURCE[0]}")
 NODES=(a b)
 declare -A NS=([a]=hvdp-na [b]=hvdp-nb) HOST=([a]=hvdpnodea [b]=hvdpnodeb) \
@@ -94,17 +96,6 @@ rate_bits() {  # tc rate -> bits per second, or nothing when it is not one
     case ${BASH_REMATCH[2]} in bit) m=1 ;; kbit) m=1000 ;; mbit) m=1000000 ;; gbit) m=1000000000 ;;
                                tbit) m=1000000000000 ;; esac
     echo $(( BASH_REMATCH[1] * m ))
-}
-
-hosts_without() {  # rewrite /etc/hosts in place (often a bind mount, and our lock: no rename)
-    local kept
-    kept=$(grep -vF "$1" /etc/hosts || true)
-    printf '%s\n' "$kept" > /etc/hosts
-}
-
-descendants() {  # pids below $1: ssh sessions (and what they started) outlive their sshd
-    local c
-    for c in $(ps -o pid= --ppid "$1" 2>/dev/null); do echo "$c"; descendants "$c"; done
 }
 
 stop() {  # TERM, then KILL after 5 s
