@@ -37,6 +37,11 @@ _HOROVOD = ["Adasum", "Average", "Sum", "Min", "Max", "Product", "ProcessSet", "
             "reducescatter", "remove_process_set", "rocm_built", "shutdown", "size", "start_timeline",
             "stop_timeline", "broadcast_"]
 globals().update({_n: getattr(_B.hvd, _n, None) or getattr(_B.hvd.mpi_ops._basics, _n) for _n in _HOROVOD})
+if _B.name == "torch":  # horovod.torch's collectives take tensors only; numpy too, as on TensorFlow
+    from ._backend_torch import numpy_friendly as _numpy_friendly
+    for _n in ("allgather", "allreduce", "alltoall", "broadcast", "reducescatter", "grouped_allgather",
+               "grouped_allreduce", "grouped_reducescatter"):
+        globals()[_n] = _numpy_friendly(globals()[_n])
 if hasattr(_B.hvd, "broadcast_object_fn"):  # horovod.tensorflow only
     broadcast_object_fn = _B.hvd.broadcast_object_fn
 

@@ -57,6 +57,27 @@ class Buffer:
         self.t.zero_()
 
 
+def numpy_friendly(fn):
+    """A horovod.torch collective that also takes numpy arrays (as horovod.tensorflow's do): a
+    numpy input, or a list of them for the grouped forms, goes in as a CPU tensor and comes back
+    as numpy."""
+    def as_tensor(x):
+        return torch.from_numpy(np.ascontiguousarray(x)) if isinstance(x, np.ndarray) else x
+
+    def wrapped(tensor, *args, **kwargs):
+        grouped = isinstance(tensor, (list, tuple))
+        given = list(tensor) if grouped else [tensor]
+        if not any(isinstance(x, np.ndarray) for x in given):
+            return fn(tensor, *args, **kwargs)
+        out = fn([as_tensor(x) for x in given] if grouped else as_tensor(tensor), *args, **kwargs)
+        if grouped:
+            return [o.numpy() if isinstance(x, np.ndarray) else o for o, x in zip(out, given)]
+        return out.numpy()
+    wrapped.__name__, wrapped.__doc__ = fn.__name__, fn.__doc__
+    wrapped.__wrapped__ = fn
+    return wrapped
+
+
 class TorchBackend:
     name = "torch"
     hvd = hvd

@@ -14,8 +14,8 @@ from conftest import CONTROLLERS, ROOT, WORKERS, checks_passed, horovodrun
 pytestmark = pytest.mark.parallel
 
 BACKENDS = ["tensorflow", "torch"]
-CHECKS = ["stats_shape", "fit_equal", "fit_bpps", "custom_loop", "broadcast", "metric_average", "warmup", "codecs",
-          "mixed_precision", "checkpoint", "resume", "syncbn"]
+CHECKS = ["numpy_collectives", "stats_shape", "fit_equal", "fit_bpps", "custom_loop", "broadcast", "metric_average",
+          "warmup", "codecs", "mixed_precision", "checkpoint", "resume", "syncbn"]
 
 
 @functools.lru_cache(maxsize=None)

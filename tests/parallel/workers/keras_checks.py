@@ -331,7 +331,24 @@ def pytest_raises(exc, text):
     return _Raises()
 
 
+def check_numpy_collectives():
+    """hvd.allgather / allreduce / broadcast / grouped_allreduce of numpy arrays on either backend
+    (a keras.io-style script comparing weights across ranks; issue 27)."""
+    r, n = hvd.rank(), hvd.size()
+    a = np.arange(6, dtype="float32").reshape(2, 3) + 10 * r
+    got = np.asarray(hvd.allgather(a, name="np.ag"))
+    assert np.array_equal(got, np.concatenate([np.arange(6, dtype="float32").reshape(2, 3) + 10 * q
+                                               for q in range(n)])), got
+    total = np.asarray(hvd.allreduce(a, op=hvd.Sum, name="np.ar"))
+    assert np.allclose(total, n * np.arange(6).reshape(2, 3) + 10 * sum(range(n))), total
+    root = np.asarray(hvd.broadcast(a, root_rank=0, name="np.bc"))
+    assert np.array_equal(root, np.arange(6, dtype="float32").reshape(2, 3)), root
+    grouped = [np.asarray(x) for x in hvd.grouped_allreduce([a, 2 * a], op=hvd.Sum, name="np.gar")]
+    assert np.allclose(grouped[1], 2 * grouped[0]) and np.allclose(grouped[0], total)
+
+
 CHECKS = {
+    "numpy_collectives": check_numpy_collectives,
     "stats_shape": lambda: __import__("keras_stats_checks").check_stats_shape(),  # its own file: size
     "fit_equal": check_fit_equals_one_worker,
     "fit_bpps": lambda: check_fit_equals_one_worker(passes=2),
