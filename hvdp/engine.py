@@ -109,6 +109,7 @@ class Engine:
         self.step = 0                          # reductions completed (eager drivers)
         self._pending: Dict[int, Any] = {}     # bucket -> its reduction in flight
         self._join_flag = False
+        self._before: Optional[Tuple[dict, dict]] = None  # the residuals as this step found them
         # statistics: recorded by the reducers and the plain path; a traced step's record is
         # kept as a template, by (compressed, joined)
         self.stats = WireStats()
@@ -271,7 +272,9 @@ class Engine:
     # --- one step, driven piece by piece ------------------------------------------------------
     def begin_step(self, like=None, sync: Callable[[], None] = lambda: None) -> None:
         """Before the step's first collective: auto's probe, its trial's next phase, or nothing
-        (also while traced: a traced step's auto decided when the layout was set)."""
+        (also while traced: a traced step's auto decided when the layout was set). Remembers the
+        residuals as the step finds them, for :meth:`discard_step`."""
+        self._before = self._residual_refs()
         ch = self.chooser
         if ch is None or ch.settled or self._tracing():
             return
@@ -280,6 +283,30 @@ class Engine:
             return measure(self.comm, self.ops, like, list(sizes.values()), ch.settings.candidates,
                            self._make_two_phase, self.gather, sync=sync)
         ch.ensure(self.bucket_sizes(), self.reducer, self.comm.size, probe, self.gather)
+
+    def _residual_refs(self) -> Optional[Tuple[dict, dict]]:
+        """References to every bucket's residuals (never written in place: a step sets new ones),
+        or None where there are none to keep or the step is being traced."""
+        red = self.reducer
+        if red is None or self._tracing() or not getattr(red, "error_feedback", True):
+            return None
+        return red.worker.snapshot(), red.server.snapshot()
+
+    @property
+    def keeps_residuals(self) -> bool:
+        """Whether a step leaves error-feedback residuals behind (what :meth:`discard_step` undoes)."""
+        red = self.reducer
+        return red is not None and bool(self.plan.buckets) and getattr(red, "error_feedback", True)
+
+    def discard_step(self) -> None:
+        """The step just reduced will not be applied (a loss scaler found a non-finite gradient
+        and skips it): every bucket's residuals go back to what the step found, so the skipped
+        step leaves no trace (one decision for the whole step, by the driver, from the reduced
+        values every rank shares; a non-finite bucket also rolls itself back, see hvdp.twophase)."""
+        if self._before is not None:
+            worker, server = self._before
+            self.reducer.worker.restore(worker)
+            self.reducer.server.restore(server)
 
     def start_plain(self, grads: Sequence[Array], name: str, compress: Optional[bool] = None) -> list:
         """Horovod's allreduce of whole tensors (grouped when several), cast to the codec's wire

@@ -27,6 +27,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple
 
+import numpy as np
+
 from .collectives import AVERAGE, Collectives
 from .kernels import registry as _kernels
 from .ops import NumpyOps
@@ -139,7 +141,9 @@ class TwoPhaseReducer:
 
     def _host(self, x, staged):
         """x as the kernels' buffer: itself, or its host copy when staged."""
-        return self.ops.as_numpy(x) if (staged and x is not None) else x
+        if not staged or x is None or isinstance(x, np.ndarray):  # a host residual already is one
+            return x
+        return self.ops.as_numpy(x)
 
     def _back(self, a, staged):
         """A kernel's host result as the framework's array."""
@@ -218,7 +222,11 @@ class TwoPhaseReducer:
         if not self.error_feedback:
             return None
         prev = store.get(name)
-        return prev if prev is not None and self.ops.size(prev) == size else None
+        if prev is None:
+            return None
+        # a staged kernel keeps its residuals as host (numpy) arrays in an in-memory store
+        ops = HOST_OPS if isinstance(prev, np.ndarray) else self.ops
+        return prev if ops.size(prev) == size else None
 
     def _encode_kernel(self, k, name, flat, n, c, prev, staged=False):
         """Every chunk (+ its residual ``prev``) encoded by one kernel call into the send buffer;

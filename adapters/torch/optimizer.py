@@ -190,6 +190,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             for i, piece in eng.pieces(b, flat):
                 g = self._params[i].grad
                 g.copy_(piece.view_as(g))
+        if eng.keeps_residuals and eng.compressing:
+            self._discard_if_not_finite()
         if self._absent:  # no rank had a gradient: None, as plain torch leaves it
             for p, none in zip(self._absent, self._presence.nobody_had([self._index[p] for p in self._absent])):
                 if none:
@@ -199,6 +201,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._end_step()
         eng.end_step(self._sync)
         self._synchronized = True
+
+    def _discard_if_not_finite(self):
+        """A step with a non-finite reduced gradient anywhere (plain tensors included) is one a
+        loss scaler skips: its error-feedback residuals are undone (``Engine.discard_step``).
+        Every rank reads the same reduced values, so all decide alike; one device sync."""
+        grads = [p.grad for p in self._params if p.grad is not None and not p.grad.is_sparse]
+        if grads and not bool(torch.stack([torch.isfinite(g).all() for g in grads]).all()):
+            self.engine.discard_step()
 
     @contextmanager
     def skip_synchronize(self):

@@ -200,3 +200,24 @@ def test_settings_say_what_to_fix():
     assert not ReduceSettings(codecs.get("fp16"), CompressionPolicy()).two_phase
     h = ReduceSettings(None, CompressionPolicy(), compressor="FP16Compressor")
     assert h.compression == "horovod:FP16Compressor" and not h.two_phase
+
+
+def test_discard_step_puts_every_residual_back():
+    """A step the driver discards (a loss scaler skips it; the overflow may be in a plain tensor
+    only, where the buckets cannot see it) leaves every bucket's residuals as the step found them."""
+    engs = engines(2, "int8")
+    for e in engs:
+        e.set_layout(NAMES, SHAPES, [True] * 4)
+    step(engs, grads_of(2, seed=1))
+    before = [(dict(e.reducer.worker.snapshot()), dict(e.reducer.server.snapshot())) for e in engs]
+    assert all(w for w, _ in before) and engs[0].keeps_residuals
+    step(engs, grads_of(2, seed=2))
+    changed = [not all(np.array_equal(e.reducer.worker.get(k), v) for k, v in w.items())
+               for e, (w, _) in zip(engs, before)]
+    assert all(changed)
+    for e in engs:
+        e.discard_step()
+    for e, (w, s) in zip(engs, before):
+        assert all(np.array_equal(e.reducer.worker.get(k), v) for k, v in w.items())
+        assert all(np.array_equal(e.reducer.server.get(k), v) for k, v in s.items())
+    assert not engines(2, "none")[0].keeps_residuals

@@ -161,3 +161,27 @@ def test_tf_traced_step_with_nonfinite_result_rolls_back_the_residuals():
             assert not np.isfinite(out).all()
             np.testing.assert_array_equal(red.worker.snapshot()["b0"], before)
     assert step.experimental_get_tracing_count() == 1
+
+
+def test_tf_eager_kernels_on_host_copies_with_an_in_memory_store():
+    """TensorFlow's eager tensors with the kernels on host copies and the default in-memory
+    residual store (auto's probe builds reducers so): the residuals are numpy arrays there, and
+    a second step reads them back (a size check on them failed with TF's ops)."""
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "adapters", "keras"))
+    from ops import TFOps
+
+    from hvdp.simcomm import FakeGroup
+    from hvdp.twophase import TwoPhaseReducer
+
+    class One:
+        size, rank = 1, 0
+
+    codec = codecs.get("int8")
+    red = TwoPhaseReducer(codec, TFOps(), One(), True)
+    ref = TwoPhaseReducer(codec, NumpyOps(), FakeGroup(1).comms[0], True)
+    rng = np.random.default_rng(5)
+    for _ in range(3):
+        x = rng.standard_normal(3000).astype(np.float32)
+        got = red.finish(red.start("b0", tf.constant(x)))
+        want = ref.finish(ref.start("b0", x.copy()))
+        np.testing.assert_array_equal(np.asarray(got), want)
