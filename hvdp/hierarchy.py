@@ -148,7 +148,7 @@ def make_levels(hv, cross_rank: int, local_rank: int, gather, collectives, proce
     import struct
 
     from .config import elastic_mode
-    from .mesh import MeshError, register_groups
+    from .mesh import register_groups
     if elastic_mode(environ):
         raise HierarchyError("hierarchical=True cannot be used in an elastic job: Horovod's elastic mode does "
                              "not keep process sets across a reset. Use hierarchical=False with hvd.elastic")
@@ -163,11 +163,8 @@ def make_levels(hv, cross_rank: int, local_rank: int, gather, collectives, proce
         import warnings
         warnings.warn(f"hierarchical=True on {shape}: there is nothing to split into two levels, so the "
                       "reduction is the flat one's in two steps", stacklevel=3)
-    try:
-        sets = register_groups(hv, topo.groups(), "hierarchical=True", STATIC_HINT, environ=environ,
-                               error=HierarchyError)
-    except MeshError as e:  # raised by a mesh helper with a mesh's wording
-        raise HierarchyError(str(e)) from e
+    sets = register_groups(hv, topo.groups(), "hierarchical=True", STATIC_HINT, environ=environ,
+                           error=HierarchyError)
     rank, world = hv.rank(), len(got)
 
     def comm_of(family):
@@ -282,13 +279,6 @@ class HierarchicalReducer:
                                          worker_store, server_store)
         self.error_feedback = self.inner.error_feedback
         self.worker, self.server = self.inner.worker, self.inner.server
-
-    @property
-    def path(self):
-        return getattr(self.inner, "path", None)
-
-    def kernels_for(self, like):
-        return self.inner.kernels_for(like) if hasattr(self.inner, "kernels_for") else None
 
     def share_length(self, n: int) -> int:
         """Length of each rank's share of an n-element bucket inside its node."""
