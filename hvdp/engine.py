@@ -40,8 +40,9 @@ from .join import JoinableReducer
 from .mixed import MixedReducer
 from .plan import Plan, make_plan
 from .probe import measure
-from .settings import PlainPath, ReduceSettings, is_two_phase
+from .settings import PlainPath, ReduceSettings, is_low_rank, is_two_phase
 from .hierarchy import HierarchicalReducer
+from .lowrank import LowRankReducer
 from .stats import WireStats
 from .twophase import TwoPhaseReducer
 
@@ -120,6 +121,8 @@ class Engine:
             self.reducer = MixedReducer(ops, comm, self._make_two_phase, settings.op, settings.predivide, self.stats)
         elif is_two_phase(self.codec):
             self.reducer = self._make_two_phase(self.codec, comm)
+        elif is_low_rank(self.codec):
+            self.reducer = self._make_low_rank()
 
     # --- reducers -------------------------------------------------------------------------------
     def _is_joined(self) -> bool:
@@ -136,6 +139,14 @@ class Engine:
                             self.stats if own else None, *stores)
         return JoinableReducer(r, self._is_joined) if (own and s.uneven_inputs) else r
 
+    def _make_low_rank(self):
+        """The reducer of a low-rank codec (powersgd): allreduce of factors, its state in the
+        adapter's stores (residuals: worker side; warm-start Qs: server side)."""
+        s = self.settings
+        stores = (self._make_store("w"), self._make_store("s")) if self._make_store is not None else (None, None)
+        return LowRankReducer(self.codec, self.ops, self.comm, s.error_feedback(self.codec), s.op, s.predivide,
+                              self.stats, *stores)
+
     def _make_hierarchical(self):
         s = self.settings
         self.levels = self._make_levels()
@@ -148,8 +159,8 @@ class Engine:
 
     @property
     def bucketed(self) -> bool:
-        """Whether compressible tensors go to the reducer in buckets (two-phase or two-level)."""
-        return self.settings.hierarchical or self.two_phase
+        """Whether compressible tensors go to the reducer in buckets (two-phase, low-rank or two-level)."""
+        return self.settings.hierarchical or self.two_phase or is_low_rank(self.codec)
 
     @property
     def two_phase(self) -> bool:
@@ -205,6 +216,9 @@ class Engine:
             keep = {b for b, m in self.bucket_members().items() if before.get(b) == m}
             for store in (self.reducer.worker, self.reducer.server):
                 store.restore({k: v for k, v in store.snapshot().items() if k in keep})
+            if hasattr(self.reducer, "set_shapes"):  # low-rank: the matrices of each bucket
+                self.reducer.set_shapes({f"b{b}": [self.shapes[i] for i in idx]
+                                         for b, idx in enumerate(self.plan.buckets)})
             self.relayout()
         if self.chooser is not None:
             self.chooser.invalidate()

@@ -62,6 +62,15 @@ class ArrayOps(Protocol):
     # one returns ``zeros``).
     def empty(self, n: int, dtype: str = "float32", like: Array | None = None) -> Array: ...
     def from_numpy(self, a: "np.ndarray", like: Array | None = None) -> Array: ...
+    # Optional, used only by the low-rank codec (powersgd, ``hvdp.lowrank``); numpy and torch
+    # provide them, hvdp.keras's ops do not (it refuses powersgd). Float32 2-D arrays:
+    # ``matmul`` is a @ b, ``transpose`` the 2-D transpose, ``orthonormalize`` an n x r array
+    # (r <= n) whose columns span the same space, orthonormal: Gram-Schmidt for r <= 2, else a
+    # QR factorisation's Q (as DDP's powerSGD_hook). A zero column comes back zero under
+    # Gram-Schmidt, never NaN.
+    def matmul(self, a: Array, b: Array) -> Array: ...
+    def transpose(self, x2d: Array) -> Array: ...
+    def orthonormalize(self, x2d: Array) -> Array: ...
 
 
 def _bf16_bits(x: np.ndarray) -> np.ndarray:
@@ -171,3 +180,20 @@ class NumpyOps:
 
     def from_numpy(self, a, like=None):
         return a
+
+    def matmul(self, a, b):
+        return np.matmul(a, b)
+
+    def transpose(self, x2d):
+        return np.ascontiguousarray(x2d.T)
+
+    def orthonormalize(self, x2d):
+        x = np.array(x2d, dtype=np.float32, copy=True)
+        if x.shape[1] > 2:
+            return np.linalg.qr(x)[0].astype(np.float32)
+        for i in range(x.shape[1]):
+            norm = np.sqrt(np.sum(x[:, i] * x[:, i]))
+            x[:, i] = x[:, i] / norm if norm > 0 else 0.0
+            if i + 1 < x.shape[1]:
+                x[:, i + 1:] -= np.sum(x[:, i:i + 1] * x[:, i + 1:], axis=0) * x[:, i:i + 1]
+        return x

@@ -21,7 +21,12 @@ Array = Any
 def is_two_phase(codec) -> bool:
     """The one answer to "does this codec go through the two-phase reduction (alltoall +
     allgather)?": auto (it may choose such a codec) and every codec a sum would break."""
-    return codec is not None and (isinstance(codec, Auto) or not codec.summable)
+    return codec is not None and not is_low_rank(codec) and (isinstance(codec, Auto) or not codec.summable)
+
+
+def is_low_rank(codec) -> bool:
+    """Whether ``codec`` is reduced by low-rank factors over allreduce (powersgd, ``hvdp.lowrank``)."""
+    return bool(getattr(codec, "low_rank", False))
 
 
 @dataclass(frozen=True)
@@ -72,6 +77,11 @@ class ReduceSettings:
             raise ValueError(f"backward_passes_per_step must be >= 1, got {self.backward_passes}")
         if self.codec is None and not self.compressor:
             raise ValueError("ReduceSettings: codec=None needs the Horovod compressor's name")
+        if self.low_rank and (self.hierarchical or self.uneven_inputs):
+            what = "hierarchical=True" if self.hierarchical else "uneven_inputs=True"
+            raise ValueError(f"{what} is not supported with {self.codec.name} compression (it reduces "
+                             "low-rank factors over Horovod's allreduce, in one level, every rank every "
+                             f"step): drop {what}, or use compression='int8' with it")
         if self.hierarchical:
             if self.codec is None:
                 raise ValueError(f"hierarchical=True runs hvdp's codecs, not a Horovod compressor "
@@ -96,10 +106,15 @@ class ReduceSettings:
         return is_two_phase(self.codec)
 
     @property
+    def low_rank(self) -> bool:
+        """Whether the compressed buckets go through the low-rank reduction (:func:`is_low_rank`)."""
+        return is_low_rank(self.codec)
+
+    @property
     def bucketed(self) -> bool:
-        """Whether compressible tensors are fused into buckets for a reducer (two-phase or
-        two-level), rather than each reduced by Horovod's allreduce."""
-        return self.hierarchical or self.two_phase
+        """Whether compressible tensors are fused into buckets for a reducer (two-phase, low-rank
+        or two-level), rather than each reduced by Horovod's allreduce."""
+        return self.hierarchical or self.two_phase or self.low_rank
 
     def error_feedback(self, codec) -> bool:
         """Whether ``codec`` keeps error-feedback residuals: the policy's word, else the codec's default."""

@@ -11,7 +11,7 @@ import keras
 
 from hvdp.collectives import AVERAGE, SUM
 from hvdp.plan import CompressionPolicy
-from hvdp.settings import ReduceSettings, compressor_name
+from hvdp.settings import ReduceSettings, compressor_name, is_low_rank
 
 from .agreement import REPORTER
 from .backend import BACKEND as B
@@ -82,6 +82,9 @@ def make_reducer(compression, policy, op, gradient_predivide_factor, sparse_as_d
                  backward_passes_per_step=1, uneven_inputs=False, extra=(), hierarchical=False):
     """The settings checked and frozen, and the reducer that drives the engine with them."""
     codec, hvd_compressor = resolve(compression)
+    if is_low_rank(codec):
+        raise ValueError(f"compression={codec.name!r} is supported by hvdp.torch only (hvdp.keras's array ops "
+                         "have no matrix products yet); with Keras use compression='int8', 'bf16' or 'auto'")
     if op not in (_hvd.Average, _hvd.Sum):
         raise ValueError("hvdp.keras supports op=hvd.Average or hvd.Sum")
     settings = ReduceSettings(codec, CompressionPolicy() if policy is None else policy,

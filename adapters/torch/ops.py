@@ -100,4 +100,25 @@ class TorchOps:
         return x.detach().numpy()
 
     def from_numpy(self, a, like=None):
-        return torch.from_numpy(a)
+        t = torch.from_numpy(a)
+        return t if like is None or like.device.type == "cpu" else t.to(like.device)
+
+    # the low-rank codec's (powersgd) optional members
+    def matmul(self, a, b):
+        return torch.matmul(a, b)
+
+    def transpose(self, x2d):
+        return x2d.t().contiguous()
+
+    def orthonormalize(self, x2d):
+        if x2d.shape[1] > 2:
+            return torch.linalg.qr(x2d).Q
+        x = x2d.clone()
+        for i in range(x.shape[1]):
+            col = x[:, i:i + 1]
+            norm = torch.linalg.vector_norm(col)
+            col /= torch.where(norm > 0, norm, torch.ones_like(norm))  # a zero column stays zero
+            if i + 1 < x.shape[1]:
+                rest = x[:, i + 1:]
+                rest -= torch.sum(col * rest, dim=0) * col
+        return x

@@ -17,7 +17,7 @@ from hvdp.collectives import AVERAGE, SUM
 from hvdp.config import compile_codecs_default, elastic_mode
 from hvdp.engine import Engine
 from hvdp.plan import CompressionPolicy
-from hvdp.settings import ReduceSettings, compressor_name, is_two_phase
+from hvdp.settings import ReduceSettings, compressor_name, is_low_rank, is_two_phase
 
 from .agreement import REPORTER, VERSIONS, allgather_fixed
 from .comm import TorchCollectives, next_instance
@@ -277,7 +277,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     """Wrap a torch optimizer so each step averages gradients across workers first.
 
     Horovod's arguments keep Horovod's meaning. ``compression`` also takes a codec name
-    ("none", "fp16", "bf16", "int8", "topk"), an ``hvd.Compression`` member, or "auto"
+    ("none", "fp16", "bf16", "int8", "topk", "powersgd"), an ``hvd.Compression`` member, or "auto"
     (``hvd.Compression.auto``: hvdp probes the link and codecs at the first step and picks a
     codec per bucket, see ``hvdp.auto``); ``policy`` an
     :class:`hvdp.CompressionPolicy` (size threshold, name patterns, warm-up, fusion, error feedback);
@@ -295,7 +295,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     """
     codec, hvd_compressor = resolve(compression)
     if op == _hvd.Adasum:
-        if is_two_phase(codec):
+        if is_two_phase(codec) or is_low_rank(codec):
             raise ValueError(f"op=hvd.Adasum cannot combine with {codec.name} compression (Adasum "
                              "needs whole tensors); use compression 'none' or 'fp16'")
         hc = hvd_compressor or (_hvd.Compression.fp16 if codec.name == "fp16" else _hvd.Compression.none)

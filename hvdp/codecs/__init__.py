@@ -3,14 +3,17 @@ from .auto import Auto
 from .base import Codec, get, names, register
 from .cast import BF16, FP16, NoCompression
 from .int8 import Int8
+from .powersgd import PowerSGD
 from .topk import TopK
 
 __all__ = ["Auto", "Codec", "Compression", "get", "names", "register", "NoCompression", "FP16", "BF16", "Int8", "TopK"]
+__all__ += ["PowerSGD"]
 
 
 class Compression:
     """Codec objects by name, the ``hvd.Compression`` of both adapters:
-    ``Compression.int8``, ``Compression.topk.configure(ratio=0.05)``; ``Compression.auto``
+    ``Compression.int8``, ``Compression.topk.configure(ratio=0.05)``,
+    ``Compression.powersgd.configure(rank=4)``; ``Compression.auto``
     lets hvdp choose per bucket (``hvdp.auto``)."""
 
     none = get("none")
@@ -18,4 +21,5 @@ class Compression:
     bf16 = get("bf16")
     int8 = get("int8")
     topk = get("topk")
+    powersgd = get("powersgd")
     auto = Auto()

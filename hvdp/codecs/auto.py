@@ -52,6 +52,11 @@ class Auto:
                 codecs.append(get(c))
             except (TypeError, ValueError) as e:
                 raise ValueError(f"auto candidate {c!r}: {e}") from None
+        low_rank = [c.name for c in codecs if getattr(c, "low_rank", False)]
+        if low_rank:
+            raise ValueError(f"auto cannot choose {low_rank[0]}: it reduces whole buckets by low-rank "
+                             f"factors, not by the per-bucket payloads auto measures. Pass "
+                             f"compression='{low_rank[0]}' (or hvd.Compression.{low_rank[0]}) itself")
         if not any(c.name == "none" for c in codecs):
             codecs.insert(0, get("none"))
         seen, unique = set(), []

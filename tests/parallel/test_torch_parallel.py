@@ -8,7 +8,7 @@ from conftest import CONTROLLERS, WORKERS, checks_passed, horovodrun
 
 pytestmark = pytest.mark.parallel
 
-CHECKS = ["grad_average", "two_equal_one", "bpps", "broadcast", "amp", "codecs", "state",
+CHECKS = ["grad_average", "two_equal_one", "bpps", "broadcast", "amp", "codecs", "powersgd", "state",
           "nonfinite", "errors", "warmup", "sparse_unused_empty", "checkpoint",
           "elastic_restore", "horovod_options", "freed"]
 

@@ -78,3 +78,25 @@ def reference_two_level(codec, flats, local_of, cross_of):
     for t in threads:
         t.join(60)
     return out[0]
+
+
+def reference_powersgd(codec, shapes, flats, q0):
+    """powersgd's first step written out in float64 numpy (no residual yet): ``flats[r]`` is
+    rank r's flat bucket of tensors of ``shapes``, ``q0`` the initial Q of each compressed one.
+    -> the averaged bucket: P = orth(sum M Q), M ~ P (sum M^T P / size)^T; the rest averaged."""
+    p, out, off, j = len(flats), [], 0, 0
+    for s in shapes:
+        k = int(np.prod(s))
+        xs = [np.asarray(f[off:off + k], np.float64) for f in flats]
+        mat = codec.matrix(tuple(s))
+        if mat is None:
+            out.append(sum(xs) / p)
+        else:
+            n, m, _ = mat
+            ms = [x.reshape(n, m) for x in xs]
+            q = np.linalg.qr(np.asarray(q0[j], np.float64))[0]
+            big_p = np.linalg.qr(sum(mi @ q for mi in ms))[0]
+            out.append((big_p @ (sum(mi.T @ big_p for mi in ms) / p).T).ravel())
+            j += 1
+        off += k
+    return np.concatenate(out)

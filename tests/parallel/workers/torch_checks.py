@@ -152,6 +152,57 @@ def check_codecs():
         print(f"  {name}: max |err| vs exact average {err:.3g}", flush=True)
 
 
+def check_powersgd(rank=2, steps=4):
+    """powersgd through the DistributedOptimizer: the first step's averaged gradients against the
+    float64 numpy replay of both ranks' gradients; training keeps the ranks bit-identical; its
+    state (residuals, warm-start Q) is in the optimizer's state_dict."""
+    from hvdp.lowrank import seeded_init
+    from reduction_bounds import reference_powersgd
+    model, x, y = model_and_data(seed=5)
+    twin = copy.deepcopy(model)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters(),
+                                   compression=hvd.Compression.powersgd.configure(rank=rank),
+                                   policy=hvd.CompressionPolicy(min_elements=1))
+    sl = my_slice(len(x))
+    torch.nn.functional.cross_entropy(twin(x[sl]), y[sl]).backward()
+    loss0 = torch.nn.functional.cross_entropy(model(x[sl]), y[sl])
+    loss0.backward()
+    loss0 = float(loss0)
+    opt.synchronize()
+    params, codec = list(model.parameters()), opt.engine.settings.codec
+    local = [q.grad.reshape(-1) for q in twin.parameters()]
+    worst = 0.0
+    for b, idx in enumerate(opt.engine.plan.buckets):
+        everyone = hvd.allgather(torch.cat([local[i] for i in idx]).reshape(1, -1), name=f"psgd.{b}")
+        shapes = [tuple(params[i].shape) for i in idx]
+        dims = [codec.matrix(s)[1:] for s in shapes if codec.matrix(s)]
+        want = reference_powersgd(codec, shapes, [e.numpy() for e in everyone],
+                                  seeded_init(codec.seed)(f"b{b}", dims))
+        off = 0
+        for i, s in zip(idx, shapes):  # each tensor against its own largest value
+            k = params[i].numel()
+            got, ref = params[i].grad.reshape(-1).double().numpy(), want[off:off + k]
+            worst = max(worst, float(abs(got - ref).max()) / float(abs(ref).max()))
+            exact = everyone[:, off:off + k].double().mean(0).numpy()
+            if codec.matrix(s):  # low rank indeed: not the exact average
+                assert float(abs(got - exact).max()) > 1e-3 * float(abs(exact).max()), s
+            off += k
+    assert worst <= 1e-5, worst  # float32 against float64 (seen: 2e-7)
+    assert opt.compression_stats()["last_step"]["powersgd"]["ratio"] < 0.5
+    with opt.skip_synchronize():
+        opt.step()
+    train(model, opt, x[sl], y[sl], steps)
+    ranks_identical(model)
+    with torch.no_grad():
+        loss = torch.nn.functional.cross_entropy(model(x[sl]), y[sl])
+    assert float(loss) < loss0, (float(loss), loss0)
+    sd = opt.state_dict()["hvdp"]["reducer"]
+    assert sd["worker"] and sd["server"] and sd["codec"] == str(codec)
+    print(f"  powersgd rank {rank}: max rel err vs reference {worst:.3g}, loss {loss0:.4f} -> "
+          f"{float(loss):.4f}", flush=True)
+
+
 def check_state_dict_carries_error_feedback():
     model, x, y = model_and_data(seed=3)
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
@@ -381,6 +432,7 @@ CHECKS = {
     "broadcast": check_broadcast,
     "amp": check_amp_gradscaler,
     "codecs": check_codecs,
+    "powersgd": check_powersgd,
     "state": check_state_dict_carries_error_feedback,
     "nonfinite": check_nonfinite_agreed,
     "errors": check_errors,

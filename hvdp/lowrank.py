@@ -1,0 +1,284 @@
+"""The low-rank reduction of a bucket (powersgd, ``hvdp.codecs.powersgd``) over allreduce.
+
+A bucket arrives as one flat float32 array; the reducer knows the shapes of its tensors
+(``set_shapes``). Per step and bucket, with M a compressed tensor as an n x m matrix (its
+error-feedback residual added) and Q its m x r factor:
+
+- ``start``: Q orthonormalised (kept from the step before, or drawn at random), P = M Q; one
+  allreduce of every P of the bucket, and one of the bucket's uncompressed tensors;
+- ``exchange``: wait for P, orthonormalise it, Q = M^T P, one allreduce of every Q;
+- ``finish``: wait, M ~ P Q^T / size; the residual M - P Q^T and the averaged Q are kept.
+
+A driver starts every bucket before it exchanges the first, so all P allreduces are in flight
+before any wait (a Horovod cycle costs milliseconds per round), then all Q allreduces. Every
+rank gets the same P and Q bits from the allreduces, so every rank computes the same result.
+
+State: the residuals (``worker`` store, bucket name -> flat array) and the warm-start Q
+(``server`` store, bucket name -> the bucket's Qs, concatenated). Neither is written in place:
+a step sets new arrays, so a driver may keep references to roll a step back.
+"""
+from __future__ import annotations
+
+import time
+import zlib
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from .collectives import AVERAGE, Collectives
+from .stats import WireStats, ring_allreduce_bytes
+from .twophase import DictStore
+
+Array = Any
+# (bucket name, [(m, r) per compressed tensor]) -> the initial Qs as float32 numpy arrays
+InitQ = Callable[[str, List[Tuple[int, int]]], List[np.ndarray]]
+
+
+def seeded_init(seed: int) -> InitQ:
+    """Standard normal initial Qs from a numpy RandomState seeded by (seed, bucket name): the
+    same on every rank, whatever order the buckets start in; a new draw on each call."""
+    calls: Dict[str, int] = {}
+
+    def init(name: str, dims: List[Tuple[int, int]]) -> List[np.ndarray]:
+        k = calls[name] = calls.get(name, -1) + 1
+        rs = np.random.RandomState([seed & 0xFFFFFFFF, zlib.crc32(name.encode()), k])
+        return [rs.standard_normal((m, r)).astype(np.float32) for m, r in dims]
+    return init
+
+
+@dataclass
+class _Part:
+    """One compressed tensor of a bucket: its place, its matrix and its factors' places."""
+    offset: int
+    n: int
+    m: int
+    r: int
+    p_off: int = 0
+    q_off: int = 0
+
+
+@dataclass
+class _Layout:
+    parts: List[_Part]
+    plain: List[Tuple[int, int]]  # (offset, length) of the uncompressed tensors
+    p_len: int
+    q_len: int
+
+
+@dataclass
+class _Pending:
+    name: str
+    n: int
+    x: Array                       # the bucket with its residual added
+    qs: List[Array]
+    p_handle: Any
+    plain_handle: Any
+    ps: List[Array] = field(default_factory=list)
+    q_handle: Any = None
+    phase: int = 1
+
+
+class LowRankReducer:
+    """Reduces named flat float32 buckets with a low-rank codec (see the module's docstring).
+
+    Example::
+
+        r = LowRankReducer(get("powersgd", rank=2), NumpyOps(), comm, error_feedback=True)
+        r.set_shapes({"b0": [(256, 128), (128,)]})
+        pending = r.start("b0", flat)    # P = M Q, allreduce(P)
+        r.exchange(pending)              # orthonormalise P, Q = M^T P, allreduce(Q)
+        out = r.finish(pending)          # P Q^T / size: the averaged bucket
+    """
+
+    def __init__(self, codec, ops, comm: Collectives, error_feedback: bool, op: str = AVERAGE,
+                 postscale: float = 1.0, stats: Optional[WireStats] = None,
+                 worker_store=None, server_store=None, init_q: Optional[InitQ] = None):
+        # settings
+        self.codec, self.ops, self.comm = codec, ops, comm
+        self.error_feedback, self.op, self.postscale = error_feedback, op, postscale
+        self.init_q = init_q if init_q is not None else seeded_init(codec.seed)
+        for member in ("matmul", "transpose", "orthonormalize"):
+            if not hasattr(ops, member):
+                raise ValueError(f"{codec.name} compression needs matrix products, which hvdp's {ops.name} "
+                                 "array ops do not provide; use hvdp.torch for powersgd")
+        # internal state: residuals and warm-start Qs by bucket name, the buckets' tensor shapes
+        self.worker = worker_store if worker_store is not None else DictStore()
+        self.server = server_store if server_store is not None else DictStore()
+        self._layouts: Dict[str, _Layout] = {}
+        # statistics
+        self.stats = stats
+        if stats is not None:
+            stats.path(codec.name, "array ops (matmul)")
+
+    # --- layout -----------------------------------------------------------------------------
+    def set_shapes(self, shapes: Dict[str, Sequence[Sequence[int]]]) -> None:
+        """The shapes of each bucket's tensors, in the order they lie in its flat array."""
+        self._layouts = {name: self._plan(tensors) for name, tensors in shapes.items()}
+
+    def _plan(self, tensors) -> _Layout:
+        parts, plain, off, p_len, q_len = [], [], 0, 0, 0
+        for shape in tensors:
+            numel = int(np.prod(shape, dtype=np.int64)) if len(shape) else 1
+            mat = self.codec.matrix(tuple(shape))
+            if mat is None:
+                plain.append((off, numel))
+            else:
+                n, m, r = mat
+                parts.append(_Part(off, n, m, r, p_len, q_len))
+                p_len, q_len = p_len + n * r, q_len + m * r
+            off += numel
+        return _Layout(parts, plain, p_len, q_len)
+
+    def layout(self, n: int) -> Tuple[int, int]:
+        """(server, worker) store sizes for the engine's ``relayout``: an in-memory store needs
+        none made ahead (a graph framework's store is not supported: hvdp.keras refuses powersgd)."""
+        return n, n
+
+    def _layout_of(self, name: str, n: int) -> _Layout:
+        lay = self._layouts.get(name)
+        if lay is None:  # no shapes given: the bucket as one vector, uncompressed
+            lay = self._layouts[name] = _Layout([], [(0, n)], 0, 0)
+        return lay
+
+    # --- one step ---------------------------------------------------------------------------
+    def _time(self, phase, t0):
+        if self.stats is not None:
+            self.stats.time(phase, time.perf_counter() - t0)
+
+    def _wait(self, handle):
+        if self.comm.size <= 1:
+            return handle
+        t0 = time.perf_counter()
+        got = self.comm.wait(handle)
+        self._time("wire_wait", t0)
+        return got
+
+    def _allreduce(self, x, name):
+        """Sum over the workers (the caller scales)."""
+        return self.comm.allreduce_async(x, name, "sum", 1.0, 1.0) if self.comm.size > 1 else x
+
+    def _initial_qs(self, name, lay, like) -> List[Array]:
+        """The Qs this step starts from: the kept ones (warm start), else a fresh draw."""
+        ops = self.ops
+        kept = self.server.get(name) if self.codec.warm_start else None
+        if kept is not None and ops.size(kept) == lay.q_len:
+            return [ops.reshape(kept[p.q_off:p.q_off + p.m * p.r], (p.m, p.r)) for p in lay.parts]
+        drawn = self.init_q(name, [(p.m, p.r) for p in lay.parts])
+        return [ops.from_numpy(np.ascontiguousarray(q, dtype=np.float32).reshape(p.m, p.r), like=like)
+                for q, p in zip(drawn, lay.parts)]
+
+    def _matrix(self, x, p):
+        return self.ops.reshape(x[p.offset:p.offset + p.n * p.m], (p.n, p.m))
+
+    def start(self, name: str, flat: Array) -> _Pending:
+        ops, t0 = self.ops, time.perf_counter()
+        n = ops.size(flat)
+        lay = self._layout_of(name, n)
+        x = flat
+        prev = self.worker.get(name) if self.error_feedback else None
+        if prev is not None and ops.size(prev) == n:
+            x = flat + prev  # a new array: ``flat`` may be the gradient itself
+        qs = [ops.orthonormalize(q) for q in self._initial_qs(name, lay, flat)]
+        ps = [ops.matmul(self._matrix(x, p), q) for p, q in zip(lay.parts, qs)]
+        self._time("encode", t0)
+        p_handle = self._allreduce(ops.cat(ps), f"hvdp.psgd.p.{name}") if ps else None
+        plain_handle = None
+        if lay.plain:
+            plain = x[lay.plain[0][0]:lay.plain[0][0] + lay.plain[0][1]] if len(lay.plain) == 1 else \
+                ops.cat([x[o:o + k] for o, k in lay.plain])
+            plain_handle = self._allreduce(plain, f"hvdp.psgd.u.{name}")
+        self._record(lay, n)
+        return _Pending(name, n, x, qs, p_handle, plain_handle)
+
+    def _record(self, lay, n):
+        if self.stats is None:
+            return
+        p = self.comm.size
+        compressed = sum(part.n * part.m for part in lay.parts)
+        if lay.parts:
+            factors = 4 * (lay.p_len + lay.q_len)
+            self.stats.record(self.codec.name, compressed, handed=factors,
+                              sent=ring_allreduce_bytes(4 * lay.p_len, p) + ring_allreduce_bytes(4 * lay.q_len, p),
+                              fp32=ring_allreduce_bytes(4 * compressed, p))
+        if n - compressed:
+            self.stats.record_allreduce("none", n - compressed, 4 * (n - compressed), p)
+
+    def exchange(self, pend: _Pending) -> None:
+        ops, lay = self.ops, self._layouts[pend.name]
+        if lay.parts:
+            got = self._wait(pend.p_handle)
+            t0 = time.perf_counter()
+            pend.ps = [ops.orthonormalize(ops.reshape(got[p.p_off:p.p_off + p.n * p.r], (p.n, p.r)))
+                       for p in lay.parts]
+            qs = [ops.matmul(ops.transpose(self._matrix(pend.x, p)), pp) for p, pp in zip(lay.parts, pend.ps)]
+            self._time("owner", t0)
+            pend.q_handle = self._allreduce(ops.cat(qs), f"hvdp.psgd.q.{pend.name}")
+        pend.p_handle = None
+        pend.phase = 2
+
+    def finish(self, pend: _Pending) -> Array:
+        """Wait for Q (and the uncompressed tensors): the averaged bucket, the same bits on
+        every rank. With error feedback, the residual is the bucket (its previous residual
+        added) minus the low-rank approximation of the average; zero for the uncompressed
+        tensors. A result that is not finite keeps the step's residual and Q out (the step a
+        loss scaler skips leaves no trace)."""
+        if pend.phase == 1:
+            self.exchange(pend)
+        ops, lay, p = self.ops, self._layouts[pend.name], self.comm.size
+        avg = 1.0 / p if self.op == AVERAGE else 1.0  # of Q; a sum is p times the average
+        q_sum = self._wait(pend.q_handle) if lay.parts else None
+        plain = self._wait(pend.plain_handle) if lay.plain else None
+        t0 = time.perf_counter()
+        q_avg = q_sum * (1.0 / p) if q_sum is not None else None
+        approx = {}  # offset -> the part's approximation of the average (x's scale)
+        for part, pp in zip(lay.parts, pend.ps):
+            q = ops.reshape(q_avg[part.q_off:part.q_off + part.m * part.r], (part.m, part.r))
+            approx[part.offset] = ops.reshape(ops.matmul(pp, ops.transpose(q)), (part.n * part.m,))
+        scale = self.postscale * (p * avg)
+        pieces = [(o, approx[o] * scale if scale != 1.0 else approx[o]) for o in approx]
+        off = 0
+        for o, k in lay.plain:
+            part = plain[off:off + k]
+            pieces.append((o, part * (self.postscale * avg) if self.postscale * avg != 1.0 else part))
+            off += k
+        out = ops.assemble(pend.n, "float32", pieces, like=pend.x)
+        if ops.all_finite(out):
+            self._keep(pend, lay, approx, q_avg)
+        self._time("final_decode", t0)
+        pend.x = pend.qs = pend.ps = None
+        return out
+
+    def _keep(self, pend, lay, approx, q_avg):
+        ops = self.ops
+        if self.error_feedback:
+            zeros = [(o, ops.zeros(k, "float32", like=pend.x)) for o, k in lay.plain]
+            self.worker.set(pend.name, ops.assemble(
+                pend.n, "float32", [(o, pend.x[o:o + ops.size(a)] - a) for o, a in approx.items()] + zeros,
+                like=pend.x))
+        if self.codec.warm_start and q_avg is not None:
+            self.server.set(pend.name, self._warm(lay, q_avg, pend.qs))
+
+    def _warm(self, lay, q_avg, started):
+        """The Qs to start the next step from: this step's averaged Q, except for a column that
+        is exactly zero (a matrix whose gradient was zero), which keeps this step's starting
+        column: a zero column would stay zero for every later step."""
+        ops, cols = self.ops, []
+        for part, q0 in zip(lay.parts, started):
+            q = ops.reshape(q_avg[part.q_off:part.q_off + part.m * part.r], (part.m, part.r))
+            ones = ops.reshape(ops.zeros(part.m, "float32", like=q) + 1.0, (1, part.m))
+            sq = ops.matmul(ones, q * q)  # (1, r): each column's squared norm
+            cols.append(ops.where(sq > 0, q, q0))
+        return ops.cat(cols)
+
+    # --- state ------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {"codec": str(self.codec), "size": self.comm.size,
+                "worker": self.worker.snapshot(), "server": self.server.snapshot()}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Residuals and warm-start Qs come back where the codec is the same (their sizes follow
+        the tensors, not the number of workers); a bucket whose layout changed ignores them."""
+        same = state.get("codec") == str(self.codec)
+        self.worker.restore(dict(state.get("worker", {})) if same else {})
+        self.server.restore(dict(state.get("server", {})) if same else {})
