@@ -33,6 +33,9 @@ CONFIGS = [
     ("DDP + fp16 hook", ["--ddp-hook", "fp16"]),
     ("DDP + PowerSGD r=4", ["--ddp-hook", "powersgd4"]),
     ("DDP + PowerSGD r=1", ["--ddp-hook", "powersgd1"]),
+    # 4-bit (issue 22); appended so that the earlier rows keep their indexes (the run files' names)
+    ("int4 + EF", ["--compression", "int4"]),
+    ("int4, no EF", ["--compression", "int4", "--no-error-feedback"]),
 ]
 # the study's sizes (the examples' defaults are larger): ~33 CPU-minutes for 3 seeds, measured (README)
 WORKLOADS = {

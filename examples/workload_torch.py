@@ -8,7 +8,7 @@ import hvdp.torch as hvd
 
 
 def add_compression_args(p):
-    p.add_argument("--compression", default="none", help="none, fp16, bf16, int8, topk (or auto "
+    p.add_argument("--compression", default="none", help="none, fp16, bf16, int8, int4, topk (or auto "
                    "where hvdp.torch offers it)")
     p.add_argument("--topk-ratio", type=float, default=0.01)
     p.add_argument("--no-error-feedback", action="store_true")

@@ -85,7 +85,7 @@ class ReduceSettings:
         if self.hierarchical:
             if self.codec is None:
                 raise ValueError(f"hierarchical=True runs hvdp's codecs, not a Horovod compressor "
-                                 f"({self.compressor}): pass compression='none', 'fp16', 'bf16', 'int8' "
+                                 f"({self.compressor}): pass compression='none', 'fp16', 'bf16', 'int8', 'int4' "
                                  "or 'topk' (hvd.Compression.fp16 is hvdp's fp16)")
             if self.auto:
                 raise ValueError("hierarchical=True with compression='auto' is not supported: auto measures "

@@ -2,11 +2,12 @@
 from .auto import Auto
 from .base import Codec, get, names, register
 from .cast import BF16, FP16, NoCompression
+from .int4 import Int4
 from .int8 import Int8
 from .powersgd import PowerSGD
 from .topk import TopK
 
-__all__ = ["Auto", "Codec", "Compression", "get", "names", "register", "NoCompression", "FP16", "BF16", "Int8", "TopK"]
+__all__ = ["Auto", "Codec", "Compression", "get", "names", "register", "NoCompression", "FP16", "BF16", "Int4", "Int8", "TopK"]
 __all__ += ["PowerSGD"]
 
 
@@ -20,6 +21,7 @@ class Compression:
     fp16 = get("fp16")
     bf16 = get("bf16")
     int8 = get("int8")
+    int4 = get("int4")
     topk = get("topk")
     powersgd = get("powersgd")
     auto = Auto()

@@ -9,8 +9,8 @@ from typing import Any, ClassVar, Tuple
 from .base import Codec, get, names
 from .compressor import horovod_compressor
 
-# topk changes what training sees (most of each gradient waits in the residual), so auto never
-# picks it unless the user lists it
+# topk and int4 change what training sees (most of each gradient waits in the residual; a 4-bit
+# step is a seventh of a block's largest value), so auto never picks them unless the user lists them
 DEFAULT_CANDIDATES = ("none", "fp16", "bf16", "int8")
 
 
@@ -20,7 +20,7 @@ class Auto:
 
     Args:
         candidates: codec names or codec objects auto may choose from; ``"none"`` is always
-            one of them (the baseline auto must never lose to). ``topk`` only when listed.
+            one of them (the baseline auto must never lose to). ``topk`` and ``int4`` only when listed.
         margin: a codec that does more work is chosen only when it is predicted faster than
             the less-work one by more than this fraction (ties go to less work, in the order
             none, then by measured codec cost).

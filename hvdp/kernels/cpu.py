@@ -1,7 +1,7 @@
 """The CPU backend: ``cpu_codecs.c`` compiled once (``build``), called through ctypes on the
 arrays' memory (numpy arrays, torch CPU tensors through zero-copy views; see ``ArrayOps.as_numpy``).
 
-Serves int8 (any block size), bf16 and fp16 on arrays that live in host memory; topk, GPU tensors
+Serves int8 and int4 (any block size), bf16 and fp16 on arrays that live in host memory; topk, GPU tensors
 and graphs being traced keep the array ops. Registered as provider ``cpu-c``.
 """
 from __future__ import annotations
@@ -18,6 +18,7 @@ from .registry import register
 _SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cpu_codecs.c")
 _I64, _F32, _INT, _P = ctypes.c_int64, ctypes.c_float, ctypes.c_int, ctypes.c_void_p
 _LIBS = {}
+BLOCKWISE = ("int8", "int4")  # kernels taking the block size
 
 
 def load():
@@ -29,10 +30,11 @@ def load():
         if why is not None:
             raise Unavailable(f"not loading {path}: it {why}")
         lib = ctypes.CDLL(path)
-        lib.hvdp_int8_encode.argtypes = [_P, _P, _P, _P, _I64, _I64]
-        lib.hvdp_int8_encode.restype = _INT
-        lib.hvdp_int8_decode_sum.argtypes = [_P, _I64, _I64, _I64, _F32, _INT, _P]
-        lib.hvdp_int8_decode_sum.restype = None
+        for name in BLOCKWISE:
+            getattr(lib, f"hvdp_{name}_encode").argtypes = [_P, _P, _P, _P, _I64, _I64]
+            getattr(lib, f"hvdp_{name}_encode").restype = _INT
+            getattr(lib, f"hvdp_{name}_decode_sum").argtypes = [_P, _I64, _I64, _I64, _F32, _INT, _P]
+            getattr(lib, f"hvdp_{name}_decode_sum").restype = None
         for name in ("bf16", "fp16"):
             getattr(lib, f"hvdp_{name}_encode").argtypes = [_P, _P, _P, _P, _I64]
             getattr(lib, f"hvdp_{name}_encode").restype = None
@@ -90,10 +92,10 @@ class CpuKernels:
         pa = None if prev is None else self._input(prev, np.float32, c)
         ra = None if residual is None else self._output(residual, np.float32, c)
         oa = np.empty(nb, np.uint8) if out is None else self._output(out, np.uint8, nb)
-        if self._kind == "int8":
-            if self.lib.hvdp_int8_encode(_ptr(xa), _ptr(pa), _ptr(ra), _ptr(oa), c,
-                                         self.codec.block_size) != 0:
-                raise MemoryError("int8 kernel: out of memory for one block")
+        if self._kind in BLOCKWISE:
+            if getattr(self.lib, f"hvdp_{self._kind}_encode")(_ptr(xa), _ptr(pa), _ptr(ra), _ptr(oa), c,
+                                                             self.codec.block_size) != 0:
+                raise MemoryError(f"{self._kind} kernel: out of memory for one block")
         else:
             getattr(self.lib, f"hvdp_{self._kind}_encode")(_ptr(xa), _ptr(pa), _ptr(ra), _ptr(oa), c)
         return self._result(oa, out, x)
@@ -113,13 +115,14 @@ class CpuKernels:
 
     def _decode_into(self, pl, p, c, scale, o):
         do_scale = int(float(scale) != 1.0)
-        if self._kind == "int8":
-            self.lib.hvdp_int8_decode_sum(_ptr(pl), p, c, self.codec.block_size, scale, do_scale, _ptr(o))
+        if self._kind in BLOCKWISE:
+            getattr(self.lib, f"hvdp_{self._kind}_decode_sum")(_ptr(pl), p, c, self.codec.block_size, scale,
+                                                               do_scale, _ptr(o))
         else:
             getattr(self.lib, f"hvdp_{self._kind}_decode_sum")(_ptr(pl), p, c, scale, do_scale, _ptr(o))
 
 
-SERVED = ("int8", "bf16", "fp16")
+SERVED = ("int8", "int4", "bf16", "fp16")
 
 
 def provider(codec, ops, like):

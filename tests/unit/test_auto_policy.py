@@ -117,8 +117,20 @@ def test_topk_only_when_listed():
     assert names(decide({"b0": 4_000_000}, listed.candidates, t)) == {"b0": "topk"}
 
 
+def test_int4_only_when_listed():
+    """int4 changes convergence: never a default candidate; chosen where listed and fastest."""
+    int4 = codecs.get("int4")
+    assert "int4" not in {c.name for c in Auto().candidates}
+    t = table(gbit=0.1)
+    t = CostTable(t.world, t.links, dict(t.compute, **{str(int4): t.compute[str(INT8)]}))  # int8's work
+    assert names(decide({"b0": 4_000_000}, Auto().candidates, t)) == {"b0": "int8"}
+    listed = Compression.auto.configure(candidates=("int8", "int4"))
+    assert [c.name for c in listed.candidates] == ["none", "int8", "int4"]
+    assert names(decide({"b0": 4_000_000}, listed.candidates, t)) == {"b0": "int4"}
+
+
 def test_invalid_candidates_name_the_valid_ones():
-    with pytest.raises(ValueError, match=r"auto candidate 'int9'.*valid names: bf16, fp16, int8, none, topk"):
+    with pytest.raises(ValueError, match=r"auto candidate 'int9'.*valid names: bf16, fp16, int4, int8, none, "):
         Auto(candidates=("none", "int9"))
     with pytest.raises(ValueError, match="auto cannot be its own candidate"):
         Auto(candidates=("auto",))

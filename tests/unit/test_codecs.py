@@ -60,6 +60,65 @@ def test_int8_block_size_validated():
         codecs.get("int8", block_size=6)
 
 
+def int4_reference(x, block):
+    """Independent numpy statement of int4: codes and payload bytes by integer bit operations."""
+    n = x.size
+    xb = x.reshape(-1, block).astype(np.float32)
+    s = np.abs(xb).max(axis=1, keepdims=True) / np.float32(7.0)
+    q = np.clip(np.rint(np.divide(xb, s, out=np.zeros_like(xb), where=s > 0)), -7, 7).astype(np.int64)
+    nib = (q.ravel() + 8).astype(np.uint8)
+    packed = nib[:n // 2] | (nib[n // 2:] << 4)
+    return (q.astype(np.float32) * s).ravel(), np.concatenate([packed, s.ravel().astype(np.float32).view(np.uint8)])
+
+
+@pytest.mark.parametrize("block", [4, 64, 128])
+def test_int4_matches_reference_and_half_step_bound(block):
+    codec = codecs.get("int4", block_size=block)
+    n = codec.align * 19
+    x = (RNG.standard_normal(n) * RNG.uniform(1e-4, 10, n)).astype(np.float32)
+    payload = codec.encode(OPS, x)
+    ref_y, ref_bytes = int4_reference(x, block)
+    assert payload.size == codec.payload_nbytes(n) == n // 2 + 4 * n // block
+    np.testing.assert_array_equal(payload, ref_bytes)  # same float32 arithmetic: same bytes
+    y = codec.decode(OPS, payload, n)
+    np.testing.assert_array_equal(y, ref_y)
+    step = np.repeat(np.abs(x.reshape(-1, block)).max(axis=1) / 7.0, block)
+    err = np.abs(y.astype(np.float64) - x)
+    assert np.all(err <= step / 2 * (1 + 1e-5) + 1e-30), float((err / step).max())
+    # never above the block's absmax by more than the rounding of 7 * (absmax / 7)
+    assert np.all(np.abs(y) <= np.repeat(np.abs(x.reshape(-1, block)).max(axis=1), block) * (1 + 2**-22))
+
+
+def test_int4_zero_block_nonfinite_and_extremes():
+    codec = codecs.get("int4", block_size=8)
+    x = np.zeros(32, np.float32)
+    x[8:16] = np.arange(8) - 3.5
+    x[10], x[12], x[20] = np.inf, np.nan, -np.inf
+    x[24:32] = [3e38, -3e38, 1e-40, -1e-40, 1.0, -1.0, 0.0, 7.0]
+    y = roundtrip(codec, x)
+    assert np.all(y[:8] == 0)
+    assert np.isnan(y[10]) and np.isnan(y[12]) and np.isnan(y[20])
+    assert np.isnan(y).sum() == 3
+    finite = np.isfinite(x)
+    assert np.all(np.isfinite(y[finite]))
+    # the inf did not blow up the scale of its block's finite neighbours
+    np.testing.assert_allclose(y[8:16][finite[8:16]], x[8:16][finite[8:16]], atol=3.5 / 14 * 1.0001)
+    np.testing.assert_allclose(y[24:26], [3e38, -3e38], rtol=1e-6)  # no overflow at the top
+    # a block of subnormals keeps its sign and bound
+    z = np.array([1e-40, -3e-41, 0, 2e-45] * 4, np.float32)
+    yz = roundtrip(codec, z)
+    assert np.all(np.abs(yz.astype(np.float64) - z) <= np.abs(z).max() / 14 * 1.0001 + 1e-45)
+
+
+def test_int4_block_size_validated_and_wire_ratio():
+    with pytest.raises(ValueError, match="multiple of 4"):
+        codecs.get("int4", block_size=6)
+    c = codecs.get("int4")
+    assert c.block_size == 128 and c.align == 256 and c.error_feedback_default
+    assert c.payload_nbytes(1 << 20) / (4 << 20) == pytest.approx(0.5 / 4 + 1 / 128)
+    assert codecs.Compression.int4 == c
+
+
 @pytest.mark.parametrize("name,dtype", [("fp16", np.float16), ("none", np.float32)])
 def test_cast_codecs_equal_numpy_cast(name, dtype):
     x = RNG.standard_normal(1000).astype(np.float32) * 100
@@ -119,8 +178,8 @@ def test_topk_ratio_validated():
 
 
 def test_registry_errors_name_the_fix():
-    with pytest.raises(ValueError, match="valid names: bf16, fp16, int8, none, topk"):
-        codecs.get("int4")
+    with pytest.raises(ValueError, match="valid names: bf16, fp16, int4, int8, none, "):
+        codecs.get("int3")
     with pytest.raises(ValueError, match="already registered"):
         @codecs.register
         class Again(codecs.Codec):

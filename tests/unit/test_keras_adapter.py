@@ -14,7 +14,7 @@ from hvdp import codecs  # noqa: E402
 from hvdp.ops import NumpyOps  # noqa: E402
 
 
-@pytest.mark.parametrize("name", ["none", "fp16", "bf16", "int8", "topk"])
+@pytest.mark.parametrize("name", ["none", "fp16", "bf16", "int8", "int4", "topk"])
 def test_tf_ops_match_numpy_reference(name):
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "adapters", "keras"))
     from ops import TFOps

@@ -63,11 +63,17 @@ def reference_encode(codec, x, prev=None):
     return payload, np.where(np.isfinite(r), r, 0.0).astype(np.float32)
 
 
-CODECS = [("int8", b) for b in (64, 128, 256, 1024, 4096)] + [("int8", 36), ("bf16", 0), ("fp16", 0)]
+CODECS = [("int8", b) for b in (64, 128, 256, 1024, 4096)] + [("int8", 36), ("bf16", 0), ("fp16", 0)] + \
+    [("int4", b) for b in (64, 128, 256, 8192)] + [("int4", 36)]  # 8192: the kernel's heap path
 
 
 def make_codec(name, block):
-    return codecs.get(name, block_size=block) if name == "int8" else codecs.get(name)
+    return codecs.get(name, block_size=block) if block else codecs.get(name)
+
+
+def unit(codec, block, cast=64):
+    """A chunk length's step: the codec's alignment (int4: two blocks), ``cast`` for the casts."""
+    return codec.align if block else cast
 
 
 @needs_cc
@@ -77,7 +83,7 @@ def make_codec(name, block):
 def test_encode_decode_match_reference(name, block, nblocks, kind):
     codec = make_codec(name, block)
     k = kernels(codec)
-    n = nblocks * (block or 64) + (0 if block else 7)  # casts: any length
+    n = nblocks * unit(codec, block) + (0 if block else 7)  # casts: any length
     x = data(n, seed=nblocks * 7 + block, block=block or 64, **({kind: True} if kind != "plain" else {}))
     x0 = x.copy()
     want = codec.encode(OPS, x)
@@ -100,7 +106,7 @@ def test_encode_decode_match_reference(name, block, nblocks, kind):
 def test_error_feedback_residual_matches_reference(name, block, nonfinite):
     codec = make_codec(name, block)
     k = kernels(codec)
-    n = 5 * (block or 64)
+    n = 5 * unit(codec, block)
     x = data(n, 3, block or 64, nonfinite=nonfinite, tiny=nonfinite)
     prev = data(n, 4, block or 64) * np.float32(0.01)
     res = np.full(n, np.nan, np.float32)
@@ -176,13 +182,14 @@ def test_tiny_scale_clips_instead_of_wrapping_like_reference():
 
 
 @needs_cc
-@pytest.mark.parametrize("name,block", [("int8", 64), ("int8", 256), ("int8", 4096), ("bf16", 0), ("fp16", 0)])
+@pytest.mark.parametrize("name,block", [("int8", 64), ("int8", 256), ("int8", 4096), ("bf16", 0), ("fp16", 0),
+                                        ("int4", 64), ("int4", 128)])
 @pytest.mark.parametrize("p", range(1, 9))
 @pytest.mark.parametrize("scale", [1.0, 0.25, 1.0 / 3])
 def test_decode_sum_matches_reducer_loop(name, block, p, scale):
     codec = make_codec(name, block)
     k = kernels(codec)
-    n = 3 * (block or 100)
+    n = 3 * unit(codec, block, 100)
     payloads = [codec.encode(OPS, data(n, 10 * p + j, block or 64, nonfinite=(j == 1))) for j in range(p)]
     acc = None
     for pl in payloads:  # the reducer's exchange: add_ in rank order, then mul_
@@ -278,7 +285,7 @@ def test_doctor_names_the_path_and_why(monkeypatch):
     registry._load_builtin()
     monkeypatch.setattr(registry, "_PROVIDERS", [(n, p) for n, p in registry._PROVIDERS if n == "cpu-c"])
     lines = kernel_paths()
-    assert lines[2] == "topk: array ops (cpu-c: no CPU kernel for topk (kernels exist for int8, bf16, fp16))"
+    assert lines[2] == "topk: array ops (cpu-c: no CPU kernel for topk (kernels exist for int8, int4, bf16, fp16))"
     if HAVE_CC:
         assert lines[0].startswith("int8: cpu-c kernel (") and "-O3" in lines[0]
     monkeypatch.setenv("CC", "/nonexistent/hvdp-cc")

@@ -1,4 +1,4 @@
-"""The CUDA int8 kernels (adapters/torch/kernels_cuda.py) against the numpy reference codec.
+"""The CUDA int8 and int4 kernels (adapters/torch/kernels_cuda.py) against the numpy reference codecs.
 
 Runs on a CUDA device, or on the CPU through Triton's interpreter (TRITON_INTERPRET=1, set here
 when no GPU is present). Skipped where Triton is not installed (a CPU build of torch has none).
@@ -53,13 +53,20 @@ def _same(a, b):
 
 
 CASES = [(64, 64), (64, 64 * 37), (256, 256 * 5), (1024, 1024 * 9), (4096, 4096 * 3), (256, 256 * 129)]
+NAMES = ["int8", "int4"]
 
 
+def _kernels(name, block, n):
+    """(codec, its CUDA kernels, a chunk length near n that the codec takes: int4 two blocks)."""
+    codec = codecs.get(name, block_size=block)
+    return codec, kc.KERNELS[name](codec), -(-n // codec.align) * codec.align
+
+
+@pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("block,n", CASES)
 @pytest.mark.parametrize("nonfinite", [False, True])
-def test_encode_decode_match_reference(block, n, nonfinite):
-    codec = codecs.get("int8", block_size=block)
-    k = kc.CudaInt8Kernels(codec)
+def test_encode_decode_match_reference(name, block, n, nonfinite):
+    codec, k, n = _kernels(name, block, n)
     x = _data(n, seed=block + n, nonfinite=nonfinite, zero_blocks=2 if n >= 4 * block else 0, block=block)
     ref = codec.encode(NP, x)
     got = k.encode(_t(x)).cpu().numpy()
@@ -67,12 +74,12 @@ def test_encode_decode_match_reference(block, n, nonfinite):
     _same(k.decode(_t(ref), n).cpu().numpy(), codec.decode(NP, ref, n))
 
 
+@pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("block,n", CASES[:5])
 @pytest.mark.parametrize("nonfinite", [False, True])
-def test_encode_with_residual_matches_reference(block, n, nonfinite):
+def test_encode_with_residual_matches_reference(name, block, n, nonfinite):
     """y = x + prev; payload = encode(y); residual = y - decode(payload), non-finite -> 0."""
-    codec = codecs.get("int8", block_size=block)
-    k = kc.CudaInt8Kernels(codec)
+    codec, k, n = _kernels(name, block, n)
     x = _data(n, seed=n, nonfinite=nonfinite, block=block)
     prev = (_data(n, seed=n + 1, block=block) * np.float32(1e-3)).astype(np.float32)
     y = x + prev
@@ -90,12 +97,12 @@ def test_encode_with_residual_matches_reference(block, n, nonfinite):
     _same(pt.cpu().numpy(), prev)
 
 
+@pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("p", [1, 2, 3, 5, 8])
 @pytest.mark.parametrize("scale", [1.0, 0.25, 1 / 3])
-def test_decode_sum_matches_reference_loop(p, scale):
-    block, c = 256, 256 * 11
-    codec = codecs.get("int8", block_size=block)
-    k = kc.CudaInt8Kernels(codec)
+def test_decode_sum_matches_reference_loop(name, p, scale):
+    block = 256
+    codec, k, c = _kernels(name, block, 256 * 11)
     payloads = [codec.encode(NP, _data(c, seed=10 * p + j, nonfinite=(j == 1), block=block)) for j in range(p)]
     acc = None
     for pl in payloads:  # the reducer's order: the first part itself, then add_ in rank order
@@ -107,11 +114,11 @@ def test_decode_sum_matches_reference_loop(p, scale):
     _same(got, acc)
 
 
-def test_encode_into_a_send_buffer_slice():
+@pytest.mark.parametrize("name", NAMES)
+def test_encode_into_a_send_buffer_slice(name):
     """Payloads written straight into their place in one send buffer (offset j * nbytes)."""
-    codec = codecs.get("int8", block_size=64)
-    k = kc.CudaInt8Kernels(codec)
-    c, p = 64 * 3, 3
+    codec, k, c = _kernels(name, 64, 64 * 3)
+    p = 3
     nb = codec.payload_nbytes(c)
     send = torch.zeros(p * nb, dtype=torch.uint8, device=DEV)
     xs = [_data(c, seed=j, block=64) for j in range(p)]
@@ -128,3 +135,13 @@ def test_subnormal_scale_clips_like_reference():
     ref = codec.encode(NP, x)
     assert np.frombuffer(ref[:1].tobytes(), np.int8)[0] == 127
     np.testing.assert_array_equal(kc.CudaInt8Kernels(codec).encode(_t(x)).cpu().numpy(), ref)
+
+
+def test_int4_subnormal_scale_clips_like_reference():
+    """int4: a block whose scale is a subnormal float keeps codes in [-7, 7] (no wrap to -8)."""
+    codec = codecs.get("int4", block_size=64)
+    x = np.zeros(4 * 64, np.float32)
+    x[:64] = np.float32(2.0 ** -146)
+    x[64:70] = -np.float32(2.0 ** -147) * np.arange(6, dtype=np.float32)
+    ref = codec.encode(NP, x)
+    np.testing.assert_array_equal(kc.KERNELS["int4"](codec).encode(_t(x)).cpu().numpy(), ref)

@@ -12,7 +12,7 @@ from hvdp.ops import NumpyOps  # noqa: E402
 RNG = np.random.default_rng(5)
 
 
-@pytest.mark.parametrize("name", ["none", "fp16", "bf16", "int8", "topk"])
+@pytest.mark.parametrize("name", ["none", "fp16", "bf16", "int8", "int4", "topk"])
 def test_torch_ops_match_numpy_reference(name):
     codec = codecs.get(name)
     x = (RNG.standard_normal(4096) * RNG.uniform(0.01, 100, 4096)).astype(np.float32)

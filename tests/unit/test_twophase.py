@@ -24,25 +24,29 @@ def make(p, codec, ef=False, op=AVERAGE, stats=None, ops=OPS):
     return [TwoPhaseReducer(codec, ops, c, ef, op, stats=stats) for c in g.comms]
 
 
-def int8_bound(grads, out_mean, block):
+QMAX = {"int8": 127, "int4": 7}  # a blockwise codec's largest code: its step is absmax / QMAX
+
+
+def blockwise_bound(grads, out_mean, block, qmax):
     """Per element: the mean of each worker's half step, plus half a step of re-encoding."""
     n = grads[0].size
     pad = lambda v: np.concatenate([v, np.zeros(-n % block, np.float32)])  # noqa: E731
-    step = lambda v: np.repeat(np.abs(pad(v).reshape(-1, block)).max(1) / 127, block)[:n]  # noqa: E731
+    step = lambda v: np.repeat(np.abs(pad(v).reshape(-1, block)).max(1) / qmax, block)[:n]  # noqa: E731
     return np.mean([step(g) for g in grads], axis=0) / 2 + step(out_mean) / 2
 
 
+@pytest.mark.parametrize("name", ["int8", "int4"])
 @pytest.mark.parametrize("p", [1, 2, 3, 4])
 @pytest.mark.parametrize("n", [1, 1000, 4099])
-def test_int8_two_phase_within_derived_bound(p, n):
+def test_blockwise_two_phase_within_derived_bound(name, p, n):
     rng = np.random.default_rng(p * 10000 + n)
     grads = [rng.standard_normal(n).astype(np.float32) * (r + 1) for r in range(p)]
-    outs = reduce_all(make(p, codecs.get("int8", block_size=64)), grads)
+    outs = reduce_all(make(p, codecs.get(name, block_size=64)), grads)
     exact = np.mean(grads, axis=0)
     for o in outs[1:]:
         np.testing.assert_array_equal(o, outs[0])  # every rank ends bit-identical
     assert outs[0].shape == (n,)
-    bound = int8_bound(grads, outs[0], 64)
+    bound = blockwise_bound(grads, outs[0], 64, QMAX[name])
     assert np.all(np.abs(outs[0] - exact) <= bound * (1 + 1e-4) + 1e-7)
 
 
@@ -74,7 +78,7 @@ def test_nonfinite_reaches_every_rank_at_its_position():
     assert np.isfinite(outs[0]).all()
 
 
-@pytest.mark.parametrize("name", ["int8", "topk"])
+@pytest.mark.parametrize("name", ["int8", "int4", "topk"])
 def test_error_feedback_keeps_accumulated_error_bounded(name):
     """Summed over T steps of the same gradient, EF's total error stays O(1); without EF it grows."""
     rng = np.random.default_rng(2)
@@ -124,6 +128,10 @@ def test_chunk_length_and_wire_stats():
         # each of the p simulated workers recorded its own bytes; the ratio is per worker
         assert ratio == pytest.approx((1 + 4 / 256) / 4, rel=1e-3)
         assert ratio <= 0.27
+        stats = WireStats()
+        reduce_all(make(p, codecs.get("int4"), stats=stats), [np.ones(2**16, np.float32)] * p)
+        stats.end_step()
+        assert stats.summary()["last_step"]["int4"]["ratio"] == pytest.approx((0.5 + 4 / 128) / 4, rel=1e-3)
 
 
 def copies(reducers):

@@ -83,7 +83,7 @@ def grads_for(p, n, steps, seed, nonfinite=False):
 
 @pytest.mark.parametrize("p", [1, 2, 3, 4, 5])
 @pytest.mark.parametrize("ef", [False, True])
-@pytest.mark.parametrize("codec", ["int8:64", "int8:256", "bf16"])
+@pytest.mark.parametrize("codec", ["int8:64", "int8:256", "bf16", "int4:64", "int4:128"])
 def test_kernel_path_equals_array_ops(p, ef, codec, monkeypatch):
     name, _, block = codec.partition(":")
     c = codecs.get(name, block_size=int(block)) if block else codecs.get(name)
@@ -125,7 +125,7 @@ def test_sum_op_postscale_and_old_snapshot_stay_valid(monkeypatch):
 
 @pytest.mark.parametrize("p", [1, 2, 3])
 @pytest.mark.parametrize("ef", [False, True])
-@pytest.mark.parametrize("codec", ["int8", "bf16"])
+@pytest.mark.parametrize("codec", ["int8", "bf16", "int4"])
 def test_host_copies_path_equals_array_ops(p, ef, codec, monkeypatch):
     """Read-only framework arrays (TF eager): kernels on host copies, the reference's bits."""
     c = codecs.get(codec)

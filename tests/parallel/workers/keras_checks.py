@@ -151,7 +151,7 @@ def local_gradients(model, xb, yb):
 def check_codecs():
     x, y = data(32 * hvd.size())
     xs, ys = shard(x, y, 32)
-    for name in ["fp16", "bf16", "int8", "topk"]:
+    for name in ["fp16", "bf16", "int8", "int4", "topk"]:
         for graph in (False, True) if TF else (False,):
             model = make_model(seed=7)
             variables = model.trainable_variables

@@ -12,6 +12,7 @@ from hvdp.twophase import TwoPhaseReducer
 
 # one rounding of each input and one of the reduced value
 REL = {"fp16": 2 ** -11, "bf16": 2 ** -8}
+QMAX = {"int8": 127, "int4": 7}  # blockwise codecs: a step is the block's largest |value| / QMAX
 
 
 def reference_two_phase(codec, flats):
@@ -38,10 +39,11 @@ def check_reduced(codec, per_rank, got, buckets, rtol_ref=1e-6, reference=None):
     if codec.name in REL:  # each worker's value and the sum rounded once: relative to magnitudes
         bound = 3 * REL[codec.name] * gmax
         assert all(float(e.max()) <= bound for e in err if e.size), (codec.name, bound)
-    if codec.name == "int8":
-        # half a step of each worker's block (step <= largest |g| / 127) plus half a step of the
+    if codec.name in QMAX:
+        # half a step of each worker's block (step <= largest |g| / QMAX) plus half a step of the
         # re-encoded reduced block; blocks span tensors of a bucket, so global maxima bound all
-        bound = gmax / 254 + (emax + gmax / 254) / 254
+        h = 2 * QMAX[codec.name]
+        bound = gmax / h + (emax + gmax / h) / h
         assert all(float(e.max()) <= bound * 1.001 for e in err if e.size), (codec.name, bound)
     if not codec.summable:  # the exact pipeline, replayed in numpy on every rank's buckets
         for idx in buckets:

@@ -86,13 +86,15 @@ def figures(steps=40):
 
 
 def check_skipped_steps():
-    """Every gradient in compressed buckets (``min_elements=1``), and the default policy (the
-    output layer plain: a step may overflow there only): the skipped steps leave no residual
+    """Every gradient in compressed buckets (``min_elements=1``), and the default policy with int8
+    (the output layer plain: a step may overflow there only): the skipped steps leave no residual
     behind (0 entering the first trained step), and the run equals, bit for bit, one that started
     at the first trained step's scale; the codecs' final losses near none's."""
     losses = {}
-    for policy in (hvd.CompressionPolicy(min_elements=1), None):
-        for codec in ("none", "int8", "topk"):
+    # the default policy only with int8: the path it adds (a plain tensor overflowing while the
+    # buckets are finite) is the engine's, the same for every codec with residuals
+    for policy, names in ((hvd.CompressionPolicy(min_elements=1), ("none", "int8", "topk")), (None, ("int8",))):
+        for codec in names:
             params, loss, skipped, (scale, entering) = train(codec, 30, INIT_SCALE, policy)
             what = f"{codec}, policy {policy}"
             assert skipped >= 3, f"{what}: only {skipped} steps overflowed (the check needs several)"

@@ -134,7 +134,7 @@ def check_amp_gradscaler():
 
 
 def check_codecs():
-    for name in ["fp16", "bf16", "int8", "topk"]:
+    for name in ["fp16", "bf16", "int8", "int4", "topk"]:
         model, x, y = model_and_data(seed=7)
         twin = copy.deepcopy(model)
         opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
@@ -259,7 +259,7 @@ def check_nonfinite_agreed():
 def check_errors():
     model, _, _ = model_and_data()
     try:
-        hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), compression="int4")
+        hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), compression="int3")
     except ValueError as e:
         assert "valid names" in str(e) and "int8" in str(e)
     else:

@@ -1,6 +1,6 @@
 """Two-level reduction (``hierarchical=True``) on a real cluster of nodes (tests/parallel/test_two_node.py).
 
-    two_level_checks.py torch static|dynamic      hvdp.torch, every codec
+    two_level_checks.py torch static|dynamic [IFACE NAMES ADDRESSES]   hvdp.torch, every codec
     two_level_checks.py keras                     hvdp.keras (TensorFlow backend): fit with two levels
 
 torch: each codec reduces the same per-rank gradients in two levels; every rank checks the result
@@ -9,6 +9,10 @@ whole two-level pipeline (replayed from every rank's gradients), bit-identity ac
 for none equality with the flat allreduce within float32 rounding; compression_stats() names
 the node layout and counts bytes across nodes. "static": the process sets registered at hvd.init
 (hvd.hierarchical_process_sets()); "dynamic": HOROVOD_DYNAMIC_PROCESS_SETS=1 and hvd.init().
+With IFACE NAMES ADDRESSES (the cluster's veth name, host names and addresses, comma-separated,
+node A first) the job first checks the cluster itself: each rank's host name and address are
+its node's, and (static) a node-local allreduce of 16 MiB sends nothing over the veth while a
+4 MiB allreduce over all four ranks crosses it ('CHECK two_node OK rank=<r> ...').
 Prints 'CHECK two_level <what> OK rank=<r>'."""
 import os
 import sys
@@ -20,7 +24,7 @@ from reduction_bounds import check_reduced, reference_two_level  # noqa: E402
 
 from hvdp import codecs  # noqa: E402
 
-CODECS = ("none", "fp16", "bf16", "int8", "topk")
+CODECS = ("none", "fp16", "bf16", "int8", "int4", "topk")
 
 
 def places(hvd, gather):
@@ -28,17 +32,74 @@ def places(hvd, gather):
     return [tuple(int(v) for v in row) for row in got]
 
 
-def torch_checks(mode):
+def veth(iface):
+    """(tx, rx) bytes of this node's veth end (/proc/net/dev is per network namespace)."""
+    with open("/proc/net/dev") as f:
+        for line in f:
+            name, _, rest = line.partition(":")
+            if name.strip() == iface:
+                v = rest.split()
+                return int(v[8]), int(v[0])
+    raise SystemExit(f"no {iface} in this process's network namespace")
+
+
+def address(iface):
+    import fcntl
+    import socket
+    import struct
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        ifreq = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", iface.encode()))  # SIOCGIFADDR
+        return socket.inet_ntoa(ifreq[20:24])
+
+
+def cluster_checks(hvd, torch, iface, names, addresses, sets):
+    """The two-node cluster as Horovod sees it: 2 nodes x 2 ranks, each rank on its own node's
+    host and address; with the process sets registered at init (``sets``), node-local traffic
+    stays off the veth and cross-node traffic crosses it."""
+    import socket
+    r, node = hvd.rank(), hvd.cross_rank()
+    assert node == r // 2, (r, node)  # ranks 0, 1 on node A; 2, 3 on node B
+    host, addr = socket.gethostname(), address(iface)
+    assert (host, addr) == (names[node], addresses[node]), (r, host, addr)
+    intra, cross = 0, (0, 0)
+    if sets:
+        mib = 1 << 20
+        mine = [ps for ps in sets if sorted(ps.ranks) == [2 * node, 2 * node + 1]]
+        assert len(mine) == 1, [ps.ranks for ps in sets]
+        hvd.barrier()
+        t0 = veth(iface)
+        local = hvd.allreduce(torch.full((4 * mib,), 1.0), op=hvd.Sum, process_set=mine[0], name="node_local_16MiB")
+        hvd.barrier()
+        t1 = veth(iface)
+        total = hvd.allreduce(torch.full((mib,), r + 1.0), op=hvd.Sum, name="cross_4MiB")
+        hvd.barrier()
+        t2 = veth(iface)
+        assert torch.equal(local, torch.full_like(local, 2.0)), local[:4]
+        assert torch.equal(total, torch.full_like(total, 10.0)), total[:4]
+        intra = (t1[0] - t0[0]) + (t1[1] - t0[1])
+        cross = (t2[0] - t1[0], t2[1] - t1[1])
+        assert intra < mib, f"a node-local 16 MiB allreduce moved {intra} bytes over the veth"
+        assert min(cross) >= 4 * mib, f"a cross-node 4 MiB allreduce moved only {cross} bytes"
+    print(f"CHECK two_node OK rank={r} host={host} addr={addr} intra={intra} tx={cross[0]} rx={cross[1]}",
+          flush=True)
+
+
+def torch_checks(mode, cluster=None):
     import torch
 
     import hvdp.torch as hvd
+    sets = []
     if mode == "static":
-        hvd.init(process_sets=hvd.hierarchical_process_sets())
+        sets = hvd.hierarchical_process_sets()
+        hvd.init(process_sets=sets)
     else:
         assert os.environ.get("HOROVOD_DYNAMIC_PROCESS_SETS") == "1"
         hvd.init()
     r = hvd.rank()
     assert (hvd.size(), hvd.local_size(), hvd.cross_size()) == (4, 2, 2)
+    if cluster:
+        iface, names, addresses = cluster[0], cluster[1].split(","), cluster[2].split(",")
+        cluster_checks(hvd, torch, iface, names, addresses, sets)
 
     def gather(a, name="g"):
         return hvd.allgather(torch.from_numpy(np.ascontiguousarray(a)), name=name).numpy()
@@ -129,6 +190,6 @@ def keras_checks():
 
 if __name__ == "__main__":
     if sys.argv[1] == "torch":
-        torch_checks(sys.argv[2])
+        torch_checks(sys.argv[2], sys.argv[3:6])
     else:
         keras_checks()
