@@ -106,6 +106,7 @@ class LowRankReducer:
         self.worker = worker_store if worker_store is not None else DictStore()
         self.server = server_store if server_store is not None else DictStore()
         self._layouts: Dict[str, _Layout] = {}
+        self._first: Dict[str, List[Array]] = {}  # each bucket's first draw: a zero Q column's stand-in
         # statistics
         self.stats = stats
         if stats is not None:
@@ -131,9 +132,13 @@ class LowRankReducer:
         return _Layout(parts, plain, p_len, q_len)
 
     def layout(self, n: int) -> Tuple[int, int]:
-        """(server, worker) store sizes for the engine's ``relayout``: an in-memory store needs
-        none made ahead (a graph framework's store is not supported: hvdp.keras refuses powersgd)."""
-        return n, n
+        """(server, worker) store sizes of an n-element bucket without known shapes."""
+        return 0, n
+
+    def store_sizes(self, name: str, n: int) -> Tuple[int, int]:
+        """(server, worker) store sizes of bucket ``name`` (the engine's ``relayout``): its Qs
+        and its residual. A store may make them as zeros: a zero Q column means "none yet"."""
+        return self._layout_of(name, n).q_len, n
 
     def _layout_of(self, name: str, n: int) -> _Layout:
         lay = self._layouts.get(name)
@@ -158,15 +163,30 @@ class LowRankReducer:
         """Sum over the workers (the caller scales)."""
         return self.comm.allreduce_async(x, name, "sum", 1.0, 1.0) if self.comm.size > 1 else x
 
-    def _initial_qs(self, name, lay, like) -> List[Array]:
-        """The Qs this step starts from: the kept ones (warm start), else a fresh draw."""
-        ops = self.ops
-        kept = self.server.get(name) if self.codec.warm_start else None
-        if kept is not None and ops.size(kept) == lay.q_len:
-            return [ops.reshape(kept[p.q_off:p.q_off + p.m * p.r], (p.m, p.r)) for p in lay.parts]
+    def _draw(self, name, lay, like) -> List[Array]:
         drawn = self.init_q(name, [(p.m, p.r) for p in lay.parts])
-        return [ops.from_numpy(np.ascontiguousarray(q, dtype=np.float32).reshape(p.m, p.r), like=like)
+        return [self.ops.from_numpy(np.ascontiguousarray(q, dtype=np.float32).reshape(p.m, p.r), like=like)
                 for q, p in zip(drawn, lay.parts)]
+
+    def _initial_qs(self, name, lay, like) -> List[Array]:
+        """The Qs this step starts from: the kept ones (warm start), else a fresh draw. A kept
+        column that is exactly zero (a matrix whose gradient was zero, or a store that made its
+        Qs as zeros) takes the bucket's first draw instead: a zero column would stay zero."""
+        ops = self.ops
+        if not self.codec.warm_start:
+            return self._draw(name, lay, like)
+        first = self._first.get(name)
+        if first is None or [ops.size(q) for q in first] != [p.m * p.r for p in lay.parts]:
+            first = self._first[name] = self._draw(name, lay, like)
+        kept = self.server.get(name)
+        if kept is None or ops.size(kept) != lay.q_len:
+            return first
+        out = []
+        for p, q0 in zip(lay.parts, first):
+            q = ops.reshape(kept[p.q_off:p.q_off + p.m * p.r], (p.m, p.r))
+            ones = ops.reshape(ops.zeros(p.m, "float32", like=q) + 1.0, (1, p.m))
+            out.append(ops.where(ops.matmul(ones, q * q) > 0, q, q0))  # (1, r): column norms squared
+        return out
 
     def _matrix(self, x, p):
         return self.ops.reshape(x[p.offset:p.offset + p.n * p.m], (p.n, p.m))
@@ -257,19 +277,7 @@ class LowRankReducer:
                 pend.n, "float32", [(o, pend.x[o:o + ops.size(a)] - a) for o, a in approx.items()] + zeros,
                 like=pend.x))
         if self.codec.warm_start and q_avg is not None:
-            self.server.set(pend.name, self._warm(lay, q_avg, pend.qs))
-
-    def _warm(self, lay, q_avg, started):
-        """The Qs to start the next step from: this step's averaged Q, except for a column that
-        is exactly zero (a matrix whose gradient was zero), which keeps this step's starting
-        column: a zero column would stay zero for every later step."""
-        ops, cols = self.ops, []
-        for part, q0 in zip(lay.parts, started):
-            q = ops.reshape(q_avg[part.q_off:part.q_off + part.m * part.r], (part.m, part.r))
-            ones = ops.reshape(ops.zeros(part.m, "float32", like=q) + 1.0, (1, part.m))
-            sq = ops.matmul(ones, q * q)  # (1, r): each column's squared norm
-            cols.append(ops.where(sq > 0, q, q0))
-        return ops.cat(cols)
+            self.server.set(pend.name, q_avg)
 
     # --- state ------------------------------------------------------------------------------
     def state_dict(self) -> dict:

@@ -82,9 +82,10 @@ def make_reducer(compression, policy, op, gradient_predivide_factor, sparse_as_d
                  backward_passes_per_step=1, uneven_inputs=False, extra=(), hierarchical=False):
     """The settings checked and frozen, and the reducer that drives the engine with them."""
     codec, hvd_compressor = resolve(compression)
-    if is_low_rank(codec):
-        raise ValueError(f"compression={codec.name!r} is supported by hvdp.torch only (hvdp.keras's array ops "
-                         "have no matrix products yet); with Keras use compression='int8', 'bf16' or 'auto'")
+    if is_low_rank(codec) and not hasattr(B.ops, "orthonormalize"):
+        raise ValueError(f"compression={codec.name!r} needs matrix products, which hvdp.keras has on Keras' "
+                         f"torch backend only, not on {B.name}: run with KERAS_BACKEND=torch, use hvdp.torch, or "
+                         "choose compression='int8', 'bf16' or 'auto'")
     if op not in (_hvd.Average, _hvd.Sum):
         raise ValueError("hvdp.keras supports op=hvd.Average or hvd.Sum")
     settings = ReduceSettings(codec, CompressionPolicy() if policy is None else policy,

@@ -7,8 +7,8 @@ from .int8 import Int8
 from .powersgd import PowerSGD
 from .topk import TopK
 
-__all__ = ["Auto", "Codec", "Compression", "get", "names", "register", "NoCompression", "FP16", "BF16", "Int4", "Int8", "TopK"]
-__all__ += ["PowerSGD"]
+__all__ = ["Auto", "Codec", "Compression", "get", "names", "register", "NoCompression", "FP16", "BF16", "Int4",
+           "Int8", "PowerSGD", "TopK"]
 
 
 class Compression:

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.parallel
 
 BACKENDS = ["tensorflow", "torch"]
 CHECKS = ["numpy_collectives", "stats_shape", "fit_equal", "fit_bpps", "custom_loop", "broadcast", "metric_average",
-          "warmup", "codecs", "mixed_precision", "checkpoint", "resume", "syncbn"]
+          "warmup", "codecs", "powersgd", "mixed_precision", "checkpoint", "resume", "syncbn"]
 
 
 @functools.lru_cache(maxsize=None)

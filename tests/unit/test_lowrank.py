@@ -182,7 +182,7 @@ def test_state_round_trip_continues_identically():
         run(rs, flats)
     saved = [r.state_dict() for r in rs]
     want = [run(rs, flats)[0] for flats in steps[2:]]
-    fresh = reducers(2, codec, init_q=lambda name, dims: pytest.fail("warm start must come from the state"))
+    fresh = reducers(2, codec)  # its own first draw is the same: only the loaded Qs make it continue
     for r, s in zip(fresh, saved):
         r.load_state_dict(s)
     got = [run(fresh, flats)[0] for flats in steps[2:]]
@@ -301,3 +301,53 @@ def test_engine_drives_it_with_stats_and_state():
     assert 0 < st["powersgd"]["ratio"] < 0.25 and st["none"]["elements"] == 32
     saved = engs[0].state()["reducer"]
     assert set(saved["worker"]) == {"b0"} and set(saved["server"]) == {"b0"}
+
+
+class ZeroStore:
+    """A store that makes its entries as zeros ahead (as hvdp.keras's torch-backend store does)."""
+
+    def __init__(self):
+        self.data = {}
+
+    def create(self, name, n):
+        if name not in self.data or self.data[name].size != n:
+            self.data[name] = np.zeros(n, np.float32)
+
+    def get(self, name):
+        return self.data.get(name)
+
+    def set(self, name, value):
+        self.data[name] = value
+
+    def snapshot(self):
+        return dict(self.data)
+
+    def restore(self, data):
+        self.data = {k: data.get(k, np.zeros_like(v)) for k, v in self.data.items()}
+
+
+def test_store_made_as_zeros_gives_the_same_steps():
+    """Zeros made ahead by a store (engine.relayout, sized by store_sizes) mean "no Q yet": the
+    same bits as an in-memory store that starts empty."""
+    codec, names = codecs.get("powersgd", rank=2), ["a", "b", "c", "d"]
+    rng = np.random.default_rng(4)
+    steps = [[[rng.standard_normal(s).astype(np.float32) for s in SHAPES] for _ in range(2)] for _ in range(3)]
+    outs = {}
+    for kind in ("dict", "zeros"):
+        group = FakeGroup(2)
+        settings = ReduceSettings(codec, CompressionPolicy(min_elements=1))
+        engs = [Engine(settings, OPS, c, _Plain(c), lambda d, n: [d, d],
+                       make_store=(lambda side: ZeroStore()) if kind == "zeros" else None) for c in group.comms]
+        for e in engs:
+            e.set_layout(names, SHAPES, [True] * 4)
+        if kind == "zeros":
+            assert engs[0].reducer.server.get("b0").size == 24 * 2 + 20 * 2  # made by relayout
+        outs[kind] = []
+        for grads in steps:
+            for e, g in zip(engs, grads):
+                e.start_bucket(0, [g[i] for i in e.plan.buckets[0]])
+            for e in engs:
+                e.exchange_all()
+            outs[kind].append([flat for e in engs for _, flat in e.finish_buckets()][0])
+    for a, b in zip(outs["dict"], outs["zeros"]):
+        np.testing.assert_array_equal(a, b)

@@ -187,6 +187,47 @@ def check_codecs():
                   f"exact average {err:.3g}", flush=True)
 
 
+def check_powersgd(rank=2):
+    """powersgd on Keras' torch backend: the reduced gradients against the float64 numpy replay
+    of both ranks' gradients, then fit keeps the ranks bit-identical; on TensorFlow a clear error."""
+    codec = hvd.Compression.powersgd.configure(rank=rank)
+    policy = hvd.CompressionPolicy(min_elements=1)
+    if TF:
+        with pytest_raises(ValueError, "KERAS_BACKEND=torch"):
+            hvd.DistributedOptimizer(keras.optimizers.SGD(0.1), compression=codec)
+        return
+    from hvdp.lowrank import seeded_init
+    from reduction_bounds import reference_powersgd
+    x, y = data(32 * hvd.size())
+    xs, ys = shard(x, y, 32)
+    model = make_model(seed=7)
+    variables = model.trainable_variables
+    local = [g.reshape(-1) for g in local_gradients(model, xs, ys)]
+    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.1), compression=codec, policy=policy)
+    opt.build(variables)
+    red = [keras.ops.convert_to_numpy(g).reshape(-1) for g in opt._hvdp.reduce([tensor(g.copy()) for g in local])]
+    worst, compressed = 0.0, 0
+    for b, idx in enumerate(opt._hvdp.plan.buckets):
+        everyone = allgathered(np.concatenate([local[i] for i in idx]), f"kpsgd.{b}")
+        shapes = [tuple(variables[i].shape) for i in idx]
+        dims = [codec.matrix(s)[1:] for s in shapes if codec.matrix(s)]
+        want = reference_powersgd(codec, shapes, list(everyone), seeded_init(codec.seed)(f"b{b}", dims))
+        off = 0
+        for i, s in zip(idx, shapes):
+            k = local[i].size
+            worst = max(worst, float(np.abs(red[i] - want[off:off + k]).max()) / float(np.abs(want[off:off + k]).max()))
+            compressed += codec.matrix(s) is not None
+            off += k
+    assert compressed and worst <= 1e-5, (compressed, worst)  # float32 against float64 (seen: 2e-7)
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.1), compression=codec,
+                                                     policy=policy), loss=LOSS)
+    model.fit(xs, ys, batch_size=8, epochs=1, verbose=0, shuffle=False)
+    assert_ranks_identical(model, "powersgd")
+    state = model.optimizer._hvdp.residual_state()
+    assert state["worker"] and state["server"], state.keys()
+    print(f"  powersgd rank {rank} (torch backend): max rel err vs reference {worst:.3g}", flush=True)
+
+
 def check_mixed_precision():
     keras.mixed_precision.set_global_policy("mixed_float16")
     try:
@@ -357,6 +398,7 @@ CHECKS = {
     "metric_average": check_metric_average,
     "warmup": check_warmup_curve,
     "codecs": check_codecs,
+    "powersgd": check_powersgd,
     "mixed_precision": check_mixed_precision,
     "checkpoint": check_checkpoint_callback,
     "resume": check_resume,
