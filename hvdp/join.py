@@ -35,6 +35,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, List
 
+from .codecs.base import get
 from .collectives import AVERAGE, allreduce_recorded
 
 CONTROL_NAME = "hvdp.join.active"
@@ -44,8 +45,21 @@ class JoinRefused(RuntimeError):
     """``hvd.join()`` with a two-phase codec but without ``uneven_inputs=True``."""
 
 
+def _low_rank(codec_name: str) -> bool:
+    try:
+        return bool(getattr(get(codec_name), "low_rank", False))
+    except (TypeError, ValueError):  # "auto", "horovod": not a registered codec
+        return False
+
+
 def refusal(codec_name: str, adapter: str) -> str:
     """The message of :class:`JoinRefused`: what happened and the two ways out."""
+    if _low_rank(codec_name):
+        return (f"hvd.join() was called (this rank ran out of data) while the DistributedOptimizer uses "
+                f"{codec_name} compression, which does not support uneven inputs (its warm-start and "
+                f"error-feedback state assumes every rank runs every step). Fix: give every rank the same "
+                f"number of steps (drop the remainder of the data), or use compression 'int8' with "
+                f"hvd.DistributedOptimizer(..., uneven_inputs=True).")
     extra = (" and add hvd.callbacks.JoinCallback() to model.fit's callbacks"
              if adapter == "keras" else "")
     return (f"hvd.join() was called (this rank ran out of data) while the DistributedOptimizer uses "

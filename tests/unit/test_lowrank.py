@@ -351,3 +351,10 @@ def test_store_made_as_zeros_gives_the_same_steps():
             outs[kind].append([flat for e in engs for _, flat in e.finish_buckets()][0])
     for a, b in zip(outs["dict"], outs["zeros"]):
         np.testing.assert_array_equal(a, b)
+
+
+def test_join_refusal_names_the_fix():
+    from hvdp.join import refusal
+    msg = refusal("powersgd", "torch")
+    assert "does not support uneven inputs" in msg and "same number of steps" in msg
+    assert "alltoall" in refusal("int8", "torch") and "alltoall" in refusal("auto", "keras")
