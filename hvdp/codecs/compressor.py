@@ -26,6 +26,8 @@ def horovod_compressor(codec, tensor) -> Any:
     """The Horovod compressor that does ``codec``'s work on ``tensor``, or a clear error."""
     if not codec.summable:
         why = ("it chooses a codec per bucket" if codec.name == "auto" else
+               "it sends low-rank factors of whole matrices, which need the tensors' shapes and state"
+               if getattr(codec, "low_rank", False) else
                "its payload does not survive Horovod's sum; hvdp reduces it in two phases, alltoall "
                "+ allgather")
         raise ValueError(

@@ -246,6 +246,8 @@ def test_codec_settings_and_refusals():
     with pytest.raises(ValueError, match="auto cannot choose powersgd.*compression='powersgd'"):
         Auto(candidates=("none", "powersgd"))
     assert "powersgd" not in [x.name for x in Auto().candidates]
+    with pytest.raises(ValueError, match="low-rank factors of whole matrices"):
+        c.compress(np.zeros(3, np.float32))  # no Horovod compressor: hvd.allreduce(compression=) refuses it
 
 
 class _Plain:
