@@ -64,6 +64,18 @@ if [[ "$(cat "$ENV_DIR/.complete" 2>/dev/null)" != "$RECIPE_SHA" ]]; then
         || { echo "hvdp setup: python -m hvdp install-horovod failed (above)" >&2; exit 1; }
     echo "$RECIPE_SHA" > "$ENV_DIR/.complete"
 fi
+# Triton, for the CUDA kernels' tests only (tests/unit/test_kernels_cuda.py runs them on the CPU
+# through Triton's interpreter): kept outside the environment, so torch never sees it, and
+# optional: without it (no registry) that module skips.
+TRITON_DIR=$CACHE/triton/3.5.1
+if [[ ! -f "$TRITON_DIR/.complete" ]]; then
+    rm -rf "$TRITON_DIR"
+    if quiet "$ENV_DIR/bin/pip" install --quiet --no-deps --target "$TRITON_DIR" "triton==3.5.1"; then
+        touch "$TRITON_DIR/.complete"
+    else
+        say "triton not installed (test_kernels_cuda.py will skip)"
+    fi
+fi
 flock -u 9
 
 # --- 3. the clone's .venv -----------------------------------------------------------------------
@@ -90,3 +102,4 @@ if [[ "$(cat "$VENV/.hvdp-env" 2>/dev/null)" != "$ENV_DIR" ]]; then
     echo "$ENV_DIR" > "$VENV/.hvdp-env"
     say ".venv ready (dependencies: $ENV_DIR)"
 fi
+if [[ -f "$TRITON_DIR/.complete" ]]; then echo "$TRITON_DIR" > "$VENV/hvdp-triton-path"; fi
