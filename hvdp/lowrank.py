@@ -77,6 +77,7 @@ class _Pending:
     ps: List[Array] = field(default_factory=list)
     q_handle: Any = None
     phase: int = 1
+    own: bool = False              # x is this step's own array (not the caller's gradient)
 
 
 class LowRankReducer:
@@ -195,10 +196,10 @@ class LowRankReducer:
         ops, t0 = self.ops, time.perf_counter()
         n = ops.size(flat)
         lay = self._layout_of(name, n)
-        x = flat
+        x, own = flat, False
         prev = self.worker.get(name) if self.error_feedback else None
         if prev is not None and ops.size(prev) == n:
-            x = flat + prev  # a new array: ``flat`` may be the gradient itself
+            x, own = flat + prev, True  # a new array: ``flat`` may be the gradient itself
         qs = [ops.orthonormalize(q) for q in self._initial_qs(name, lay, flat)]
         ps = [ops.matmul(self._matrix(x, p), q) for p, q in zip(lay.parts, qs)]
         self._time("encode", t0)
@@ -209,7 +210,7 @@ class LowRankReducer:
                 ops.cat([x[o:o + k] for o, k in lay.plain])
             plain_handle = self._allreduce(plain, f"hvdp.psgd.u.{name}")
         self._record(lay, n)
-        return _Pending(name, n, x, qs, p_handle, plain_handle)
+        return _Pending(name, n, x, qs, p_handle, plain_handle, own=own)
 
     def _record(self, lay, n):
         if self.stats is None:
@@ -231,7 +232,9 @@ class LowRankReducer:
             t0 = time.perf_counter()
             pend.ps = [ops.orthonormalize(ops.reshape(got[p.p_off:p.p_off + p.n * p.r], (p.n, p.r)))
                        for p in lay.parts]
-            qs = [ops.matmul(ops.transpose(self._matrix(pend.x, p)), pp) for p, pp in zip(lay.parts, pend.ps)]
+            # Q = M^T P computed as (P^T M)^T: M read in its own row order (3x faster on a CPU)
+            qs = [ops.transpose(ops.matmul(ops.transpose(pp), self._matrix(pend.x, p)))
+                  for p, pp in zip(lay.parts, pend.ps)]
             self._time("owner", t0)
             pend.q_handle = self._allreduce(ops.cat(qs), f"hvdp.psgd.q.{pend.name}")
         pend.p_handle = None
@@ -270,14 +273,26 @@ class LowRankReducer:
         return out
 
     def _keep(self, pend, lay, approx, q_avg):
-        ops = self.ops
         if self.error_feedback:
-            zeros = [(o, ops.zeros(k, "float32", like=pend.x)) for o, k in lay.plain]
-            self.worker.set(pend.name, ops.assemble(
-                pend.n, "float32", [(o, pend.x[o:o + ops.size(a)] - a) for o, a in approx.items()] + zeros,
-                like=pend.x))
+            self.worker.set(pend.name, self._residual(pend, lay, approx))
         if self.codec.warm_start and q_avg is not None:
             self.server.set(pend.name, q_avg)
+
+    def _residual(self, pend, lay, approx):
+        """x - P Q^T on the compressed tensors, zero on the others. Where x is this step's own
+        array and the ops write in place into its slices (numpy, torch), x becomes the residual:
+        no new bucket-sized array (each is page faults and a copy); else one is assembled."""
+        ops, x = self.ops, pend.x
+        if pend.own and ops.writable_views:
+            parts = [(x[o:o + ops.size(a)], a) for o, a in approx.items()] + [(x[o:o + k], None) for o, k in lay.plain]
+            for part, a in parts:  # a: this step's own approximation, no longer needed
+                got = ops.mul_(part, 0.0) if a is None else ops.add_(part, ops.mul_(a, -1.0))
+                if got is not part:
+                    raise RuntimeError(f"{ops.name} ops say writable_views but add_/mul_ did not write in place")
+            return x
+        pieces = [(o, x[o:o + ops.size(a)] - a) for o, a in approx.items()]
+        return ops.assemble(pend.n, "float32", pieces + [(o, ops.zeros(k, "float32", like=x)) for o, k in lay.plain],
+                            like=x)
 
     # --- state ------------------------------------------------------------------------------
     def state_dict(self) -> dict:

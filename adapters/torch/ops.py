@@ -108,7 +108,7 @@ class TorchOps:
         return torch.matmul(a, b)
 
     def transpose(self, x2d):
-        return x2d.t().contiguous()
+        return x2d.t().contiguous()  # thin factors only (cheap); a view would make matmul answer column-major
 
     def orthonormalize(self, x2d):
         if x2d.shape[1] > 2:
