@@ -17,6 +17,7 @@ from .agreement import REPORTER
 from .backend import BACKEND as B
 from .compression import resolve
 from .join import OPTIMIZERS
+from .localvars import LocalVariables, check_arguments, group_names
 from .reducer import GradientReducer
 from .xla import install_auto_jit_veto
 
@@ -28,26 +29,31 @@ class _Distributed:
 
     def build(self, variables):
         super(self.__class__, self).build(variables)
-        self._hvdp.build(list(variables))
+        if getattr(self, "_hvdp_outer", None) is not None:
+            return  # wrapped later by a LossScaleOptimizer, which reduces (see _late_loss_scale)
+        self._hvdp.build(self._hvdp.local.shared(variables))
         k = self._hvdp_k
         if k > 1 and not self._hvdp_acc:
             self._hvdp_acc = [B.Buffer(v.shape) for v in variables]
             self._hvdp_count = B.Buffer((), "int64")
 
     def apply(self, grads, trainable_variables=None):
+        if getattr(self, "_hvdp_outer", None) is not None:  # its LossScaleOptimizer reduced already
+            return super(self.__class__, self).apply(grads, trainable_variables)
         if trainable_variables is None:
             trainable_variables = self._trainable_variables
         grads, variables = list(grads), list(trainable_variables)
         B.refuse_xla()
+        shared = self._hvdp.local.shared(variables)
         if not self.built:
             self.build(variables)
         elif self._hvdp.plan is None:
-            self._hvdp.build(variables)
-        elif not self._hvdp.matches(variables):  # Keras itself takes any subset of what it was built on
-            self._hvdp_replan(variables)
+            self._hvdp.build(shared)
+        elif not self._hvdp.matches(shared):  # Keras itself takes any subset of what it was built on
+            self._hvdp_replan(variables)  # (or a variable was registered as local since)
         parent = super(self.__class__, self)
         if self._hvdp_k == 1:
-            return parent.apply(self._hvdp.reduce(grads, self.iterations), variables)
+            return parent.apply(self._hvdp_reduce(grads, variables), variables)
         for a, g in zip(self._hvdp_acc, grads):
             if g is not None:
                 a.add(B.dense(g))
@@ -56,7 +62,7 @@ class _Distributed:
         def update():
             scale = 1.0 / self._hvdp_k if self._hvdp_avg_agg else 1.0
             acc = [keras.ops.cast(a.read() * scale, v.dtype) for a, v in zip(self._hvdp_acc, variables)]
-            parent.apply(self._hvdp.reduce(acc, self.iterations), variables)
+            parent.apply(self._hvdp_reduce(acc, variables), variables)
             for a in self._hvdp_acc:
                 a.reset()
             return keras.ops.convert_to_tensor(0)
@@ -64,8 +70,17 @@ class _Distributed:
         keras.ops.cond(self._hvdp_count.read() % self._hvdp_k == 0, update,
                        lambda: keras.ops.convert_to_tensor(0))
 
+    def _hvdp_reduce(self, grads, variables):
+        return self._hvdp.local.reduce(lambda gs: self._hvdp.reduce(gs, self.iterations), grads, variables,
+                                       self._hvdp.engine.comm.size)
+
+    def register_local_var(self, var):
+        """Horovod's: ``var`` is worker-local; its gradient is not reduced (each worker applies its
+        own, divided by the number of workers unless ``scale_local_gradients=False``)."""
+        self._hvdp.local.add(var)
+
     def _hvdp_replan(self, variables):
-        self._hvdp.replan(variables)
+        self._hvdp.replan(self._hvdp.local.shared(variables))
         if self._hvdp_k > 1:  # accumulators follow the new variables; a cycle in progress restarts
             with B.init_scope():
                 self._hvdp_acc = [B.Buffer(v.shape) for v in variables]
@@ -100,7 +115,8 @@ def DistributedOptimizer(optimizer, name=None, compression="none", backward_pass
                          average_aggregated_gradients=False, op=_hvd.Average,
                          gradient_predivide_factor=1.0, sparse_as_dense=False,
                          process_set=_hvd.global_process_set, policy=None, uneven_inputs=False,
-                         hierarchical=False):
+                         hierarchical=False, device_dense="", device_sparse="", num_groups=0, groups=None,
+                         scale_local_gradients=True):
     """Make a Keras 3 optimizer average gradients across workers before each update.
 
     ``compression``: "none", "fp16", "bf16", "int8", "topk", an ``hvd.Compression`` member, a
@@ -111,6 +127,14 @@ def DistributedOptimizer(optimizer, name=None, compression="none", backward_pass
     ``fit``) with any codec; one tiny allreduce per step says whether someone has joined.
     ``hierarchical=True``: float32 inside each node, the codec between nodes (``hvdp.hierarchy``;
     needs process sets: ``hvd.init(process_sets="dynamic")`` or ``hvd.hierarchical_process_sets()``).
+
+    Horovod's other arguments (by keyword: hvdp's order differs after ``name``): ``groups`` (or
+    the deprecated ``num_groups``), a number or lists of variables, is checked as Horovod checks
+    it and joins the ranks-agree check, but changes no value: hvdp submits every tensor of a
+    step before the first wait, so Horovod's fusion already packs them (compressed tensors go
+    in hvdp's own buckets). ``device_dense`` / ``device_sparse`` are accepted and unused: each
+    gradient is reduced on the device it was computed on (where hvdp's codec kernels run).
+    ``scale_local_gradients`` applies to variables given to ``opt.register_local_var(v)``.
 
     Example::
 
@@ -125,12 +149,20 @@ def DistributedOptimizer(optimizer, name=None, compression="none", backward_pass
     if (keras.mixed_precision.global_policy().name == "mixed_float16"
             and not isinstance(optimizer, keras.optimizers.LossScaleOptimizer)):
         optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+    groups = check_arguments(device_dense, device_sparse, num_groups, groups)
     reducer = make_reducer(compression, policy, op, gradient_predivide_factor, sparse_as_dense,
                            process_set, "hvdp_residual", backward_passes_per_step, uneven_inputs,
                            extra=(("average_aggregated_gradients", bool(average_aggregated_gradients)),),
                            hierarchical=hierarchical)
+    reducer.groups = (lambda variables, names: group_names(groups, variables, names)) if groups else None
+    reducer.local = LocalVariables(scale_local_gradients)  # shared with a LossScaleOptimizer made later
     REPORTER.install()  # needs the rank, so after hvd.init
     install_auto_jit_veto()  # compile(jit_compile="auto") on a GPU node: no XLA for this model
+    return _distribute(optimizer, reducer, backward_passes_per_step, average_aggregated_gradients)
+
+
+def _distribute(optimizer, reducer, backward_passes_per_step, average_aggregated_gradients):
+    """Make ``optimizer`` (the object itself) an instance of a distributed subclass of its class."""
     base = optimizer.__class__
     methods = {k: v for k, v in _Distributed.__dict__.items() if k not in ("__dict__", "__weakref__")}
     # Saved as the user's own class (same module and name): Keras writes the inner optimizer's
@@ -162,3 +194,29 @@ def _serialise_as(cls, base):
     registered = object_registration.get_registered_name(base)
     if registered != base.__name__:
         object_registration.GLOBAL_CUSTOM_NAMES.setdefault(cls, registered)
+
+
+def _late_loss_scale():
+    """``mixed_float16`` set after the optimizer was made: ``Model.compile`` then wraps hvdp's
+    optimizer in a new ``LossScaleOptimizer``, whose finite check would run on each rank's own
+    gradients before the reduction (an overflow on one rank only: that rank skips the step, the
+    others wait in its collectives forever). So when a LossScaleOptimizer wraps a distributed
+    optimizer, the LossScaleOptimizer becomes the distributed one, with the same reducer, and
+    the inner optimizer stops reducing: the order is then the policy-first one (reduce, then
+    the finite check on the reduced gradients, the same on every rank)."""
+    cls = keras.optimizers.LossScaleOptimizer
+    if getattr(cls.__init__, "_hvdp", False):
+        return
+    plain_init = cls.__init__
+
+    def __init__(self, inner_optimizer, *args, **kwargs):
+        plain_init(self, inner_optimizer, *args, **kwargs)
+        reducer = getattr(inner_optimizer, "_hvdp", None)
+        if reducer is not None and getattr(self, "_hvdp", None) is None:
+            inner_optimizer._hvdp_outer = self
+            _distribute(self, reducer, inner_optimizer._hvdp_k, inner_optimizer._hvdp_avg_agg)
+    __init__._hvdp = True
+    cls.__init__ = __init__
+
+
+_late_loss_scale()

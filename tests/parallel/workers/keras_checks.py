@@ -243,6 +243,40 @@ def check_mixed_precision():
         assert_ranks_identical(model, "mp")
     finally:
         keras.mixed_precision.set_global_policy("float32")
+    check_mixed_precision_set_late()
+
+
+def check_mixed_precision_set_late():
+    """The policy set after the optimizer was made: compile wraps hvdp's optimizer in Keras's own
+    LossScaleOptimizer. An overflow on one rank only must skip the step on every rank, then
+    training goes on. Before, each rank's finite check ran on its own gradients: the issue's
+    probe saw a hang; this check, on the TensorFlow backend, saw the step applied."""
+    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.05), compression="int8",
+                                   policy=hvd.CompressionPolicy(min_elements=1))
+    assert not isinstance(opt, keras.optimizers.LossScaleOptimizer)
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        x, y = data(32, seed=hvd.rank())
+        model = make_model()
+        model.compile(optimizer=opt, loss=LOSS)
+        assert isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer), type(model.optimizer)
+        assert model.optimizer.inner_optimizer is opt
+        model.fit(x[:16], y[:16], batch_size=16, epochs=1, verbose=0, shuffle=False)  # builds; finite
+        before = [np.array(w) for w in model.get_weights()]
+        scale = float(keras.ops.convert_to_numpy(model.optimizer.dynamic_scale))
+        bad = x[:16].copy()
+        if hvd.rank() == hvd.size() - 1:
+            bad[0] = 1e30  # float16's inf in this rank's forward pass only
+        model.fit(bad, y[:16], batch_size=16, epochs=1, verbose=0, shuffle=False)
+        after = [np.array(w) for w in model.get_weights()]
+        assert all(np.array_equal(a, b) for a, b in zip(before, after)), "the overflowing step was applied"
+        assert float(keras.ops.convert_to_numpy(model.optimizer.dynamic_scale)) == scale / 2  # every rank skipped
+        h = model.fit(x, y, batch_size=16, epochs=2, verbose=0, shuffle=False)
+        assert np.all(np.isfinite(h.history["loss"])), h.history
+        assert_ranks_identical(model, "mp_late")
+        assert opt.compression_stats()["last_step"], opt.compression_stats()  # the user's handle still reports
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
 
 
 def check_checkpoint_callback():
