@@ -22,7 +22,7 @@ def parse_args(argv=None):
     p.add_argument("--epochs", type=int, default=15)
     p.add_argument("--batch-size", type=int, default=32, help="per worker")
     p.add_argument("--lr", type=float, default=0.05, help="for one worker; scaled by size")
-    p.add_argument("--compression", default="none", help="none, fp16, bf16, int8, topk, auto")
+    p.add_argument("--compression", default="none", help="none, fp16, bf16, int8, topk, powersgd, auto")
     p.add_argument("--topk-ratio", type=float, default=0.01)
     p.add_argument("--no-error-feedback", action="store_true")
     p.add_argument("--seed", type=int, default=0)
