@@ -1,5 +1,6 @@
 """One small hvdp.torch job, run under torchrun (hvdp bootstraps Horovod's Gloo controller) and
-under horovodrun: size, local size, an allreduce, an int8 DistributedOptimizer step against the
+under horovodrun: size, local and cross size (CHECK_NODES "hosts"; torchrun's LOCAL_RANK and
+GROUP_RANK kept), an allreduce, an int8 DistributedOptimizer step against the
 exact average within int8's bound, ranks bit-identical. Prints 'CHECK <name> OK rank=<r>' and,
 on rank 0, 'LOSSES <five losses>' (compared between the launchers by the test)."""
 import copy
@@ -16,10 +17,13 @@ from reduction_bounds import check_reduced  # noqa: E402
 torch.set_num_threads(1)
 hvd.init()
 r, n = hvd.rank(), hvd.size()
-assert n == 2 and hvd.local_size() == 2 and hvd.cross_size() == 1, (n, hvd.local_size(), hvd.cross_size())
-if "LOCAL_RANK" in os.environ:  # torchrun's numbering is kept
+nodes = int(os.environ.get("CHECK_NODES", "1"))  # the test's "hosts" (HOROVOD_HOSTNAME per node)
+layout = (n, hvd.local_size(), hvd.cross_size())
+assert layout == (2, 2 // nodes, nodes), layout
+if "LOCAL_RANK" in os.environ:  # torchrun's numbering is kept: rank, local rank, node rank
     assert r == int(os.environ["RANK"]) and hvd.local_rank() == int(os.environ["LOCAL_RANK"])
-print(f"CHECK size OK rank={r} size={n} local_size={hvd.local_size()} "
+    assert hvd.cross_rank() == int(os.environ.get("GROUP_RANK", "0")), (hvd.cross_rank(), os.environ.get("GROUP_RANK"))
+print(f"CHECK size OK rank={r} size={n} local_size={hvd.local_size()} cross_size={hvd.cross_size()} "
       f"controller={'gloo' if hvd.gloo_enabled() else 'mpi'}", flush=True)
 
 avg = hvd.allreduce(torch.tensor([float(r + 1)] * 4), name="avg")
