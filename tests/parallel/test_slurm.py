@@ -133,6 +133,6 @@ def test_srun_two_tasks_match_horovodrun(slurm):
     assert r.returncode == 0, out[-4000:]
     seen = checks_passed(out)
     assert all(seen.get(c) == {"0", "1"} for c in CHECKS), (seen, out[-3000:])
-    assert "size=2 local_size=2 controller=gloo" in out
+    assert "size=2 local_size=2 cross_size=1 controller=gloo" in out
     # the same five losses as torchrun and horovodrun give (tests/parallel/test_torchrun.py)
     assert losses(out) == "1.13451338 1.11230636 1.09220624 1.0739367 1.05721498".split()
