@@ -21,22 +21,52 @@ def _get_lr(optimizer):
 class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     """At the start of training, copy rank ``root_rank``'s model and optimizer variables to all.
 
-    hvdp's error-feedback residuals are per worker and are not broadcast.
+    ``local_variables`` (a variable or a list, as in Horovod; also ``register_local_var(v)``):
+    model variables each worker keeps as they are. ``device`` is Horovod's placement argument,
+    accepted and unused (each variable is broadcast where it lives). A model that ``fit`` builds
+    on its first batch (a ``Sequential`` without ``Input``) has no variables yet when training
+    begins: it is broadcast at the end of the first batch instead, Horovod's moment for every
+    model (the ranks' first steps, averaged from different starts, are then replaced by the
+    root's). hvdp's error-feedback residuals are per worker and are not broadcast.
     """
 
-    def __init__(self, root_rank=0, process_set=None):
+    def __init__(self, root_rank=0, device="", local_variables=None, process_set=None):
         super().__init__()
-        self.root_rank = root_rank
+        self.root_rank, self.device = root_rank, device
         # hvdp: e.g. mesh.dp with root_rank=mesh.dp_root (a global rank): only inside that set
         self.process_set = process_set if process_set is not None else B.hvd.global_process_set
+        self.broadcast_done = False
+        self._local = {}
+        if local_variables is not None:
+            one = isinstance(local_variables, keras.Variable) or hasattr(local_variables, "ref")
+            for v in [local_variables] if one else list(local_variables):
+                self.register_local_var(v)
+
+    def register_local_var(self, var):
+        """Horovod's: ``var`` (a model variable) is not broadcast."""
+        if not (isinstance(var, keras.Variable) or (B.name == "tensorflow" and hasattr(var, "ref"))):
+            raise ValueError(f"local variables must be variables (Keras variables, or tf.Variable on "
+                             f"TensorFlow), got {type(var).__name__}")
+        self._local[id(var)] = var
 
     def on_train_begin(self, logs=None):
         _check_steps_agree(self.model, self.params)
+        self.broadcast_done = False
+        if self.model.built and self.model.variables:
+            self._broadcast()
+
+    def on_train_batch_end(self, batch, logs=None):
+        if not self.broadcast_done:  # built by fit on its first batch
+            self._broadcast()
+
+    def _broadcast(self):
         opt = self.model.optimizer
         if opt is not None and not opt.built:
             opt.build(self.model.trainable_variables)
-        variables = list(self.model.variables) + (list(opt.variables) if opt is not None else [])
+        variables = [v for v in self.model.variables if id(v) not in self._local]
+        variables += list(opt.variables) if opt is not None else []
         broadcast_variables(variables, self.root_rank, process_set=self.process_set)
+        self.broadcast_done = True
 
 
 def _check_steps_agree(model, params):

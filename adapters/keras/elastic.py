@@ -12,6 +12,7 @@ from horovod.common.elastic import ObjectState
 from hvdp.elastic import ElasticOrder
 
 from .backend import BACKEND as B
+from .elastic_callbacks import CommitStateCallback, UpdateBatchStateCallback, UpdateEpochStateCallback  # noqa: F401
 from .functions import broadcast_variables
 
 _hvd = B.hvd

@@ -8,6 +8,7 @@ from hvdp.engine import Engine
 from .agreement import VERSIONS, allgather_fixed, variable_entries
 from .backend import BACKEND as B
 from .join import joined_cond
+from .localvars import LocalVariables
 from .mesh import levels
 from .plain import FLOATS, KerasPlain
 
@@ -33,6 +34,8 @@ class GradientReducer:
                              tensor_word="variable",
                              levels=(lambda: levels(process_set)) if settings.hierarchical else None)
         self.variables = None
+        self.groups = None  # Horovod's groups= of the optimizer: (variables, names) -> name tuples
+        self.local = LocalVariables(True)  # the optimizer's register_local_var (none: a tape)
 
     @property
     def plan(self):
@@ -45,7 +48,8 @@ class GradientReducer:
         names = [getattr(v, "path", None) or v.name for v in self.variables]
         self.engine.set_layout(names, [tuple(v.shape) for v in self.variables],
                                [keras.backend.standardize_dtype(v.dtype) in FLOATS for v in self.variables],
-                               tensors=variable_entries(self.variables, names), at_creation=at_build)
+                               tensors=variable_entries(self.variables, names), at_creation=at_build,
+                               groups=self.groups(self.variables, names) if self.groups else ())
 
     def matches(self, variables) -> bool:
         """Built for exactly these variables (the same objects, in the same order)?"""

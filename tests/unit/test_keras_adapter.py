@@ -185,3 +185,64 @@ def test_tf_eager_kernels_on_host_copies_with_an_in_memory_store():
         got = red.finish(red.start("b0", tf.constant(x)))
         want = ref.finish(ref.start("b0", x.copy()))
         np.testing.assert_array_equal(np.asarray(got), want)
+
+
+@pytest.mark.parametrize("backend", ["tensorflow", "torch"])
+def test_horovods_optimizer_and_callback_arguments_are_accepted_and_checked(backend):
+    """Issue 27: device_dense / device_sparse / groups / num_groups / scale_local_gradients,
+    register_local_var, BroadcastGlobalVariablesCallback(local_variables=), Horovod's elastic
+    callbacks, and a Sequential without Input trained with the broadcast callback (one worker)."""
+    code = r'''
+import warnings, numpy as np, keras, hvdp.keras as hvd
+hvd.init()
+def opt(**kw):
+    return hvd.DistributedOptimizer(keras.optimizers.SGD(1.0), **kw)
+def raises(exc, fn):
+    try:
+        fn()
+    except exc as e:
+        return str(e)
+    raise AssertionError(f"no {exc.__name__}")
+t = lambda a: keras.ops.convert_to_tensor(np.asarray(a, "float32"))
+opt(device_dense="/cpu:0", device_sparse="", scale_local_gradients=False)
+raises(TypeError, lambda: opt(device_dense=0))
+for bad in (0, -2, "two"):
+    assert "groups" in raises(ValueError, lambda: opt(groups=bad))
+with warnings.catch_warnings(record=True) as w:
+    warnings.simplefilter("always")
+    opt(num_groups=2)
+assert any(issubclass(x.category, DeprecationWarning) for x in w), [str(x.message) for x in w]
+a, b, c = (keras.Variable(np.ones(3, "float32"), name=n) for n in "abc")
+grads = [t([1, 2, 3]), t([4, 5, 6]), t([7, 8, 9])]
+o = opt(groups=[[a, b]])
+o.apply(grads, [a, b, c])
+assert o._hvdp.engine.groups == ((a.path, b.path),), o._hvdp.engine.groups
+o = opt(groups=2)
+o.apply(grads, [a, b, c])
+assert o._hvdp.engine.groups == ((a.path, b.path), (c.path,)), o._hvdp.engine.groups
+o = opt()
+o.apply(grads, [a, b, c])
+assert c.path in o._hvdp.engine.names
+o.register_local_var(c)  # after the first step: planned again without it
+before = keras.ops.convert_to_numpy(c)
+o.apply(grads, [a, b, c])
+assert c.path not in o._hvdp.engine.names and a.path in o._hvdp.engine.names, o._hvdp.engine.names
+assert np.allclose(keras.ops.convert_to_numpy(c), before - np.array([7, 8, 9]) / hvd.size())
+raises(TypeError, lambda: o.register_local_var(np.ones(3)))
+cb = hvd.callbacks.BroadcastGlobalVariablesCallback(0, local_variables=a)
+assert list(cb._local) == [id(a)]
+cb = hvd.callbacks.BroadcastGlobalVariablesCallback(0, "", [a, b])
+assert sorted(cb._local) == sorted([id(a), id(b)])
+raises(ValueError, lambda: hvd.callbacks.BroadcastGlobalVariablesCallback(0, local_variables=[np.ones(2)]))
+for n in ("CommitStateCallback", "UpdateBatchStateCallback", "UpdateEpochStateCallback"):
+    assert issubclass(getattr(hvd.elastic, n), keras.callbacks.Callback), n
+raises(ValueError, lambda: hvd.elastic.CommitStateCallback(None, batches_per_commit=0))
+model = keras.Sequential([keras.layers.Dense(4, activation="relu"), keras.layers.Dense(2)])
+model.compile(optimizer=opt(), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+x, y = np.random.rand(16, 3).astype("float32"), np.arange(16) % 2
+model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+assert model.built and len(model.optimizer.variables) > 1
+print("ACCEPTED")
+'''
+    r = _run(code, backend)
+    assert r.stdout.strip().endswith("ACCEPTED"), r.stderr[-3000:]

@@ -153,11 +153,130 @@ def check_refreeze(passes=1):
     assert_ranks_identical(model, f"krf.unfrozen.{passes}")
 
 
+def _ranks_differ(value, tag):
+    every = allgathered(keras.ops.convert_to_numpy(value), tag)
+    return not np.array_equal(every[0], every[-1])
+
+
+def check_local_vars():
+    """opt.register_local_var (Horovod's semantics): a local variable's gradient is this worker's,
+    divided by size (scale_local_gradients=True) or not; the others are averaged; eager, with
+    backward_passes_per_step=2, and in model.fit with the broadcast callback leaving it alone."""
+    p = hvd.size()
+    rng = np.random.RandomState(11 + hvd.rank())
+    gs, gl = rng.randn(6).astype("float32"), rng.randn(4).astype("float32")
+    mean_s = allgathered(gs, "klv.gs").mean(axis=0)
+    for scale, passes in ((True, 1), (False, 1), (True, 2)):
+        vs, vl = keras.Variable(np.zeros(6, "float32"), name="s"), keras.Variable(np.zeros(4, "float32"), name="l")
+        opt = hvd.DistributedOptimizer(keras.optimizers.SGD(1.0), scale_local_gradients=scale,
+                                       backward_passes_per_step=passes)
+        opt.register_local_var(vl)
+        for _ in range(passes):
+            opt.apply([tf.constant(gs), tf.constant(gl)], [vs, vl])
+        assert vl.path not in opt._hvdp.engine.names, opt._hvdp.engine.names
+        np.testing.assert_allclose(-vs.numpy(), passes * mean_s, rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(-vl.numpy(), passes * gl / (p if scale else 1), rtol=1e-6, atol=1e-6)
+    # in fit, on different data per rank: the local bias differs between ranks, the rest is identical
+    x, y = data(64)
+    model = make_model(seed=30 + hvd.rank())
+    bias = model.layers[0].bias
+    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.05), compression="int8",
+                                   policy=hvd.CompressionPolicy(min_elements=0))
+    opt.register_local_var(bias)
+    model.compile(optimizer=opt, loss=LOSS)
+    model.fit(x[hvd.rank()::p], y[hvd.rank()::p], batch_size=8, epochs=1, shuffle=False, verbose=0,
+              callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0, local_variables=[bias])])
+    assert _ranks_differ(bias, "klv.bias"), "the local bias was averaged"
+    for i, v in enumerate(model.trainable_variables):
+        if v is not bias:
+            assert not _ranks_differ(v, f"klv.w{i}"), v.path
+
+
+def check_broadcast_local():
+    """BroadcastGlobalVariablesCallback(root, local_variables=...): those keep each rank's value."""
+    model = make_model(seed=50 + hvd.rank())
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.1)), loss=LOSS)
+    kernel = model.layers[0].kernel
+    for local in (kernel, [kernel]):
+        cb = hvd.callbacks.BroadcastGlobalVariablesCallback(0, local_variables=local)
+        cb.set_model(model)
+        cb.on_train_begin()
+        assert cb.broadcast_done and _ranks_differ(kernel, "kbl.kernel"), "a local variable was broadcast"
+        for i, v in enumerate(model.variables):
+            if v is not kernel:
+                assert not _ranks_differ(v, f"kbl.{i}"), v.path
+    cb = hvd.callbacks.BroadcastGlobalVariablesCallback(0)
+    cb.set_model(model)
+    cb.on_train_begin()
+    assert not _ranks_differ(kernel, "kbl.all")
+
+
+def check_lazy_model():
+    """A Sequential without Input (Horovod's TF2 Keras example): fit builds it on the first batch;
+    the broadcast callback then broadcasts at that batch's end; ranks identical after fit."""
+    keras.utils.set_random_seed(70 + hvd.rank())
+    model = keras.Sequential([keras.layers.Dense(16, activation="relu"), keras.layers.Dense(3)])
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.Adam(1e-3)), loss=LOSS)
+    x, y = data(64)
+    model.fit(x[hvd.rank()::hvd.size()], y[hvd.rank()::hvd.size()], batch_size=8, epochs=1, verbose=0,
+              callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+    assert_ranks_identical(model, "klz")
+
+
+class _Probe(keras.callbacks.Callback):
+    def __init__(self, state):
+        super().__init__()
+        self.state, self.steps, self.batches = state, [], []
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.steps.append(self.params["steps"])
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.batches.append(self.state.batch)
+
+
+def check_elastic_callbacks():
+    """hvd.elastic.CommitStateCallback / UpdateBatchStateCallback / UpdateEpochStateCallback with
+    KerasState, Horovod's behaviour: commits every n batches and at each epoch's end (restore()
+    goes back to the last), state.batch and state.epoch kept, a resumed epoch reported shorter."""
+    x, y = data(64)
+    xs, ys = x[hvd.rank()::hvd.size()], y[hvd.rank()::hvd.size()]  # 32: 4 batches of 8
+    model = make_model()
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.05)), loss=LOSS)
+    state = hvd.elastic.KerasState(model, model.optimizer, batch=0, epoch=0)
+    commits = []
+    plain_commit = state.commit
+    state.commit = lambda: (commits.append((state.epoch, state.batch)), plain_commit())[1]
+    probe = _Probe(state)
+    callbacks = [hvd.elastic.CommitStateCallback(state, batches_per_commit=3),
+                 hvd.elastic.UpdateBatchStateCallback(state), hvd.elastic.UpdateEpochStateCallback(state), probe]
+    model.fit(xs, ys, batch_size=8, epochs=2, shuffle=False, verbose=0, callbacks=callbacks)
+    # CommitState runs first: at batch 2 it commits before UpdateBatchState records the batch
+    assert commits == [(0, 1), (0, 3), (1, 0), (1, 3)], commits
+    assert (state.epoch, state.batch) == (2, 0) and probe.batches == [0, 1, 2, 3] * 2, (state.epoch, probe.batches)
+    assert probe.steps == [4, 4], probe.steps
+    trained = [w.copy() for w in model.get_weights()]
+    model.set_weights([w + 1 for w in trained])
+    state.restore()  # the last commit: the last epoch's end, before UpdateEpochState counted it
+    for a, b in zip(model.get_weights(), trained):
+        np.testing.assert_array_equal(a, b)
+    assert (state.epoch, state.batch) == (1, 3), (state.epoch, state.batch)
+    state.batch = 2  # as after a reset in the middle of an epoch
+    del probe.steps[:]
+    model.fit(xs, ys, batch_size=8, epochs=2, shuffle=False, verbose=0, callbacks=callbacks)
+    assert probe.steps == [2, 4] and state.epoch == 3, (probe.steps, state.epoch)
+    assert_ranks_identical(model, "kec")
+
+
 CHECKS = {
     "save_load": check_save_load,
     "compressor": check_compressor,
     "refreeze": lambda: (check_refreeze(), check_refreeze(passes=2)),  # one job: CI time
     "module_collectives": check_module_collectives,
+    "local_vars": check_local_vars,
+    "broadcast_local": check_broadcast_local,
+    "lazy_model": check_lazy_model,
+    "elastic_callbacks": check_elastic_callbacks,
 }
 
 if __name__ == "__main__":
