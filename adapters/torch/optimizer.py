@@ -117,6 +117,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             p.grad = torch.zeros_like(p)
         if p.grad.is_sparse and eng.settings.sparse_as_dense:
             p.grad = p.grad.to_dense()
+            self._densified.append(p)  # handed back sparse, as Horovod does (SparseAdam needs it)
         b = lay.bucket_of.get(p)
         if b is not None and eng.compressing:
             self._bucket_ready[b] = self._bucket_ready.get(b, 0) + 1
@@ -161,7 +162,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def _end_step(self):
         self._handles, self._bucket_ready, self._group_ready = {}, {}, {}
         self._delay = {p: self.engine.settings.backward_passes for p in self._params}
-        self._fresh, self._absent = True, []
+        self._fresh, self._absent, self._densified = True, [], []
         if self._join is not None:
             self._join.reset()
 
@@ -192,6 +193,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 g.copy_(piece.view_as(g))
         if eng.keeps_residuals and eng.compressing:
             self._discard_if_not_finite()
+        for p in self._densified:
+            p.grad = p.grad.to_sparse()
         if self._absent:  # no rank had a gradient: None, as plain torch leaves it
             for p, none in zip(self._absent, self._presence.nobody_had([self._index[p] for p in self._absent])):
                 if none:

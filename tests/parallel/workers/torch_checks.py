@@ -347,6 +347,10 @@ def check_sparse_unused_empty():
                 continue
             raise AssertionError("sparse gradient silently compressed")
         opt.synchronize()
+        # handed back sparse, as Horovod does: an optimizer that needs it (SparseAdam) steps
+        assert model.emb.weight.grad.is_sparse, (compression, dense)
+        if dense:
+            torch.optim.SparseAdam([model.emb.weight], lr=0.01).step()
         got = model.emb.weight.grad.to_dense().double()
         # int8: blocks span every tensor of the bucket; the largest |gradient| of any tensor on
         # any rank bounds each block's step (derived bound as in check_codecs)
