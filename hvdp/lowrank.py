@@ -107,7 +107,8 @@ class LowRankReducer:
         self.worker = worker_store if worker_store is not None else DictStore()
         self.server = server_store if server_store is not None else DictStore()
         self._layouts: Dict[str, _Layout] = {}
-        self._first: Dict[str, List[Array]] = {}  # each bucket's first draw: a zero Q column's stand-in
+        # each bucket's first draw (a zero Q column's stand-in), by the (m, r) it was drawn for
+        self._first: Dict[str, Tuple[List[Tuple[int, int]], List[Array]]] = {}
         # statistics
         self.stats = stats
         if stats is not None:
@@ -176,9 +177,10 @@ class LowRankReducer:
         ops = self.ops
         if not self.codec.warm_start:
             return self._draw(name, lay, like)
-        first = self._first.get(name)
-        if first is None or [ops.size(q) for q in first] != [p.m * p.r for p in lay.parts]:
-            first = self._first[name] = self._draw(name, lay, like)
+        dims = [(p.m, p.r) for p in lay.parts]
+        if self._first.get(name, (None,))[0] != dims:  # none yet, or the bucket's tensors changed
+            self._first[name] = (dims, self._draw(name, lay, like))
+        first = self._first[name][1]
         kept = self.server.get(name)
         if kept is None or ops.size(kept) != lay.q_len:
             return first

@@ -360,3 +360,28 @@ def test_join_refusal_names_the_fix():
     msg = refusal("powersgd", "torch")
     assert "does not support uneven inputs" in msg and "same number of steps" in msg
     assert "alltoall" in refusal("int8", "torch") and "alltoall" in refusal("auto", "keras")
+
+
+def test_vectors_only_bucket_and_a_new_layout():
+    """A bucket with nothing to compress is one plain allreduce (zero residual); a new layout
+    under the same bucket name starts from a fresh draw of the right shapes."""
+    codec = codecs.get("powersgd", rank=2)
+    group = FakeGroup(2)
+    rs = [LowRankReducer(codec, OPS, c, True) for c in group.comms]
+    rng = np.random.default_rng(6)
+    for shapes in ([(50,), (4, 4)], [(32, 24), (10,)], [(24, 32), (10,)]):  # then other (m, r) under "b0"
+        n = sum(int(np.prod(s)) for s in shapes)
+        for r in rs:
+            r.set_shapes({"b0": shapes})
+            r.worker.restore({})
+            r.server.restore({})
+        flats = [rng.standard_normal(n).astype(np.float32) for _ in rs]
+        for _ in range(2):
+            pend = [r.start("b0", f) for r, f in zip(rs, flats)]
+            for r, pd in zip(rs, pend):
+                r.exchange(pd)
+            out = [r.finish(pd) for r, pd in zip(rs, pend)]
+        assert np.isfinite(out[0]).all() and np.array_equal(out[0], out[1])
+        if shapes[0] == (50,):
+            np.testing.assert_array_equal(out[0], (flats[0] + flats[1]) / 2)
+            assert not rs[0].worker.get("b0").any() and rs[0].server.get("b0") is None
