@@ -15,6 +15,7 @@ from tqdm import tqdm
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import links  # noqa: E402  (the three-link stage)
 import peers  # noqa: E402  (hvdp against DDP's hooks on the same links)
+import tta  # noqa: E402  (time to a target loss, GPT, three links)
 import two_level  # noqa: E402  (flat against two-level reduction on two nodes)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -56,6 +57,7 @@ STAGES = [
                                                      "--json-out", os.path.join(RES, "step_np2.json")])),
 ] + links.stages(python, RES) + [
     ("hvdp vs DDP's hooks (three links)", lambda: python([os.path.join(HERE, "peers.py")], timeout=5400)),
+    ("time to target loss (GPT, three links)", lambda: python([os.path.join(HERE, "tta.py")], timeout=5400)),
     ("peak memory of a step (50M params)", lambda: python([os.path.join(HERE, "memory_bench.py"),
                                                             "--json-out", os.path.join(RES, "memory.json")])),
     ("two-level on two nodes (MPI and Gloo, 1 Gbit/s; MPI 100 Mbit/s)",
@@ -107,6 +109,7 @@ def report(elapsed):
         rows.append((f"wire bytes {k} ÷ fp32, P=2", f"{cb['wire'][f'{k}@2'][0]:.4f}", "—", None))
     rows += links.rows(load)
     rows += peers.target_rows()
+    rows += tta.target_rows()
     for controller, rate in two_level.RUNS:
         try:
             res = load(os.path.basename(two_level.path(controller, rate)))
