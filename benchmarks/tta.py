@@ -39,7 +39,8 @@ Mbit/s and 0.56 s at 100 Mbit/s, against ~0.13 s of compute per step on an idle 
 and 4.3x. A step here computes about 1000x slower than on an H100, so at the same ratio a rate R
 here stands for about 1000 R per GPU there (``LINKS``).
 
-Budget: the full run takes about 15-20 minutes on two idle cores (25 at most); ``--quick`` (the
+Budget: the full run is estimated at 15-20 minutes on two idle cores (25 at most; tta.json and
+tta.md record what it took); ``--quick`` (the
 same GPT, T = 6, 16 held-out windows; its losses and ratios mean nothing) under 3 minutes. Needs
 root for the namespaces; without it only the loopback runs, and its bytes then count all of the
 host's loopback traffic.
@@ -425,18 +426,21 @@ def main():
     t0 = time.time()
     if a.report_only:
         with open(stem + ".json") as f:
-            results = json.load(f)["links"]
+            saved = json.load(f)
+        results, minutes = saved["links"], saved["minutes"]
     else:
         results = run_links("quick" if a.quick else "full")
+        minutes = (time.time() - t0) / 60
         with open(stem + ".json", "w") as f:
-            json.dump({"quick": a.quick, "minutes": (time.time() - t0) / 60, "links": results}, f)
+            json.dump({"quick": a.quick, "minutes": minutes, "links": results}, f)
     text, notes = table(results)
     mark = {True: "met", False: "NOT met", None: ""}
     rows = target_rows(results)
     target = next((r["target"] for r in results.values() if "target" in r), None)
     head = [f"Target: hvdp none's held-out loss at step T x 1.01 = {target:.4f}" if target else "No target",
             f"(T = {SIZES['quick' if a.quick else 'full']['T']}; a method not there by 2T is not reached). "
-            "Seconds: training steps only, the slower rank's, summed.", ""]
+            "Seconds: training steps only, the slower rank's, summed. "
+            f"The run took {minutes:.1f} min; load average {os.getloadavg()[0]:.1f} when written.", ""]
     md = "\n".join(head + notes + ["", text, "", "| target | value | wanted | |", "|---|---|---|---|"]
                    + [f"| {m} | {v} | {t} | {mark[k]} |" for m, v, t, k in rows]) + "\n"
     with open(stem + ".md", "w") as f:
