@@ -78,6 +78,8 @@ class _Pending:
     q_handle: Any = None
     phase: int = 1
     own: bool = False              # x is this step's own array (not the caller's gradient)
+    prev: Any = None               # the state as the step found it: residual, kept Qs (or None)
+    kept: Any = None
 
 
 class LowRankReducer:
@@ -107,8 +109,9 @@ class LowRankReducer:
         self.worker = worker_store if worker_store is not None else DictStore()
         self.server = server_store if server_store is not None else DictStore()
         self._layouts: Dict[str, _Layout] = {}
-        # each bucket's first draw (a zero Q column's stand-in), by the (m, r) it was drawn for
-        self._first: Dict[str, Tuple[List[Tuple[int, int]], List[Array]]] = {}
+        # each bucket's first draw (a zero Q column's stand-in), by the (m, r) it was drawn for;
+        # kept as numpy: a traced graph cannot use the tensors of another trace
+        self._first: Dict[str, Tuple[List[Tuple[int, int]], List[np.ndarray]]] = {}
         # statistics
         self.stats = stats
         if stats is not None:
@@ -165,31 +168,34 @@ class LowRankReducer:
         """Sum over the workers (the caller scales)."""
         return self.comm.allreduce_async(x, name, "sum", 1.0, 1.0) if self.comm.size > 1 else x
 
-    def _draw(self, name, lay, like) -> List[Array]:
+    def _draw(self, name, lay) -> List[np.ndarray]:
         drawn = self.init_q(name, [(p.m, p.r) for p in lay.parts])
-        return [self.ops.from_numpy(np.ascontiguousarray(q, dtype=np.float32).reshape(p.m, p.r), like=like)
-                for q, p in zip(drawn, lay.parts)]
+        return [np.ascontiguousarray(q, dtype=np.float32).reshape(p.m, p.r) for q, p in zip(drawn, lay.parts)]
 
-    def _initial_qs(self, name, lay, like) -> List[Array]:
-        """The Qs this step starts from: the kept ones (warm start), else a fresh draw. A kept
+    def _arrays(self, qs, like) -> List[Array]:
+        return [self.ops.from_numpy(q, like=like) for q in qs]
+
+    def _initial_qs(self, name, lay, like) -> Tuple[List[Array], Optional[Array]]:
+        """The Qs this step starts from (and the kept ones, or None): the kept ones (warm start),
+        else a fresh draw. A kept
         column that is exactly zero (a matrix whose gradient was zero, or a store that made its
         Qs as zeros) takes the bucket's first draw instead: a zero column would stay zero."""
         ops = self.ops
         if not self.codec.warm_start:
-            return self._draw(name, lay, like)
+            return self._arrays(self._draw(name, lay), like), None
         dims = [(p.m, p.r) for p in lay.parts]
         if self._first.get(name, (None,))[0] != dims:  # none yet, or the bucket's tensors changed
-            self._first[name] = (dims, self._draw(name, lay, like))
-        first = self._first[name][1]
+            self._first[name] = (dims, self._draw(name, lay))
+        first = self._arrays(self._first[name][1], like)
         kept = self.server.get(name)
         if kept is None or ops.size(kept) != lay.q_len:
-            return first
+            return first, None
         out = []
         for p, q0 in zip(lay.parts, first):
             q = ops.reshape(kept[p.q_off:p.q_off + p.m * p.r], (p.m, p.r))
             ones = ops.reshape(ops.zeros(p.m, "float32", like=q) + 1.0, (1, p.m))
             out.append(ops.where(ops.matmul(ones, q * q) > 0, q, q0))  # (1, r): column norms squared
-        return out
+        return out, kept
 
     def _matrix(self, x, p):
         return self.ops.reshape(x[p.offset:p.offset + p.n * p.m], (p.n, p.m))
@@ -202,7 +208,10 @@ class LowRankReducer:
         prev = self.worker.get(name) if self.error_feedback else None
         if prev is not None and ops.size(prev) == n:
             x, own = flat + prev, True  # a new array: ``flat`` may be the gradient itself
-        qs = [ops.orthonormalize(q) for q in self._initial_qs(name, lay, flat)]
+        else:
+            prev = None
+        start_qs, kept = self._initial_qs(name, lay, flat)
+        qs = [ops.orthonormalize(q) for q in start_qs]
         ps = [ops.matmul(self._matrix(x, p), q) for p, q in zip(lay.parts, qs)]
         self._time("encode", t0)
         p_handle = self._allreduce(ops.cat(ps), f"hvdp.psgd.p.{name}") if ps else None
@@ -212,7 +221,7 @@ class LowRankReducer:
                 ops.cat([x[o:o + k] for o, k in lay.plain])
             plain_handle = self._allreduce(plain, f"hvdp.psgd.u.{name}")
         self._record(lay, n)
-        return _Pending(name, n, x, qs, p_handle, plain_handle, own=own)
+        return _Pending(name, n, x, qs, p_handle, plain_handle, own=own, prev=prev, kept=kept)
 
     def _record(self, lay, n):
         if self.stats is None:
@@ -268,17 +277,30 @@ class LowRankReducer:
             pieces.append((o, part * (self.postscale * avg) if self.postscale * avg != 1.0 else part))
             off += k
         out = ops.assemble(pend.n, "float32", pieces, like=pend.x)
-        if ops.all_finite(out):
-            self._keep(pend, lay, approx, q_avg)
+        self._keep(pend, lay, approx, q_avg, None if ops.all_finite(out) else out)
         self._time("final_decode", t0)
-        pend.x = pend.qs = pend.ps = None
+        pend.x = pend.qs = pend.ps = pend.prev = pend.kept = None
         return out
 
-    def _keep(self, pend, lay, approx, q_avg):
+    def _keep(self, pend, lay, approx, q_avg, unsure=None):
+        """The new residual and Qs. ``unsure``: the result, when it is not known to be finite
+        (it is not, or a graph being traced cannot look): the state is then a select,
+        ``where(finite, new, as the step found it)``, decided from the result's bits, the same on
+        every rank (a state that did not exist comes back as zeros: "none yet" for the Qs)."""
+        ops, keep = self.ops, []
         if self.error_feedback:
-            self.worker.set(pend.name, self._residual(pend, lay, approx))
+            keep.append((self.worker, self._residual(pend, lay, approx), pend.prev))
         if self.codec.warm_start and q_avg is not None:
-            self.server.set(pend.name, q_avg)
+            keep.append((self.server, q_avg, pend.kept))
+        bad = None
+        if unsure is not None:
+            n = ops.size(unsure)
+            bad = ops.amax_rows(ops.reshape(ops.where(ops.isfinite(unsure), 0.0, 1.0), (1, n))) > 0  # (1,)
+        for store, new, old in keep:
+            if bad is not None:
+                old = old if old is not None else ops.zeros(ops.size(new), "float32", like=new)
+                new = ops.where(bad, old, new)
+            store.set(pend.name, new)
 
     def _residual(self, pend, lay, approx):
         """x - P Q^T on the compressed tensors, zero on the others. Where x is this step's own

@@ -62,8 +62,8 @@ class ArrayOps(Protocol):
     # one returns ``zeros``).
     def empty(self, n: int, dtype: str = "float32", like: Array | None = None) -> Array: ...
     def from_numpy(self, a: "np.ndarray", like: Array | None = None) -> Array: ...
-    # Optional, used only by the low-rank codec (powersgd, ``hvdp.lowrank``); numpy and torch
-    # provide them, hvdp.keras's ops do not (it refuses powersgd). Float32 2-D arrays:
+    # Optional, used only by the low-rank codec (powersgd, ``hvdp.lowrank``); numpy, torch and
+    # TF (hvdp.keras) provide them, graph-safe on TF. Float32 2-D arrays:
     # ``matmul`` is a @ b, ``transpose`` the 2-D transpose, ``orthonormalize`` an n x r array
     # (r <= n) whose columns span the same space, orthonormal: Gram-Schmidt for r <= 2, else a
     # QR factorisation's Q (as DDP's powerSGD_hook). A zero column comes back zero under

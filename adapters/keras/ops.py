@@ -120,3 +120,22 @@ class TFOps:
 
     def from_numpy(self, a, like=None):
         return tf.convert_to_tensor(a)
+
+    # the low-rank codec's (powersgd) optional members, graph-safe (no writes in place)
+    def matmul(self, a, b):
+        return tf.linalg.matmul(a, b)
+
+    def transpose(self, x2d):
+        return tf.transpose(x2d)
+
+    def orthonormalize(self, x2d):
+        r = int(x2d.shape[1])
+        if r > 2:
+            return tf.linalg.qr(x2d)[0]
+        cols = [x2d[:, i:i + 1] for i in range(r)]
+        for i in range(r):
+            norm = tf.norm(cols[i])
+            cols[i] = cols[i] / tf.where(norm > 0, norm, tf.ones_like(norm))  # a zero column stays zero
+            for j in range(i + 1, r):
+                cols[j] = cols[j] - tf.reduce_sum(cols[i] * cols[j], axis=0) * cols[i]
+        return tf.concat(cols, axis=1)

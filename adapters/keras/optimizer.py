@@ -98,9 +98,8 @@ def make_reducer(compression, policy, op, gradient_predivide_factor, sparse_as_d
     """The settings checked and frozen, and the reducer that drives the engine with them."""
     codec, hvd_compressor = resolve(compression)
     if is_low_rank(codec) and not hasattr(B.ops, "orthonormalize"):
-        raise ValueError(f"compression={codec.name!r} needs matrix products, which hvdp.keras has on Keras' "
-                         f"torch backend only, not on {B.name}: run with KERAS_BACKEND=torch, use hvdp.torch, or "
-                         "choose compression='int8', 'bf16' or 'auto'")
+        raise ValueError(f"compression={codec.name!r} needs matrix products, which hvdp.keras's {B.name} array "
+                         "ops do not provide: use hvdp.torch, or compression='int8', 'bf16' or 'auto'")
     if op not in (_hvd.Average, _hvd.Sum):
         raise ValueError("hvdp.keras supports op=hvd.Average or hvd.Sum")
     settings = ReduceSettings(codec, CompressionPolicy() if policy is None else policy,
