@@ -8,7 +8,11 @@ TorchDistributor) or Slurm's ``srun``. For the last two, where Horovod's variabl
 host name into a bootstrap store reached at the launcher's address, rank 0 computes Horovod's
 local/cross ranks from them (``plan``), starts Horovod's own ``RendezvousServer`` with that plan
 and publishes its port; each rank then sets the variables horovodrun gives a Gloo worker.
-After Horovod's init, ``check_size`` refuses a job smaller than the launcher's world.
+Where no launcher's variables are present but the framework's own process group is already
+initialised with several ranks (``torch.distributed.init_process_group`` called by the script, as
+``torch.multiprocessing.spawn`` scripts do), the adapter passes its rank and size (``group``) and
+the bootstrap runs through that group's store. After Horovod's init, ``check_size`` refuses a job
+smaller than the launcher's world.
 
 Framework-free: the store is an argument (``set(key, bytes)``, ``get(key) -> bytes`` that waits;
 torch's ``TCPStore`` is one), and Horovod's runner is imported only when rank 0 starts the server.
@@ -40,7 +44,8 @@ FIX = ("launch with `horovodrun -np N -H host:slots python train.py` (or `--gloo
 
 @dataclass(frozen=True)
 class Launcher:
-    """What the environment says about the job. ``kind``: horovod, mpi, torchrun, slurm or none;
+    """What the environment says about the job. ``kind``: horovod, mpi, torchrun, slurm, group (a
+    framework's initialised process group) or none;
     ``size``/``local_size`` None where the launcher does not say; ``addr``/``port``: the bootstrap
     store (torchrun's MASTER_ADDR:MASTER_PORT, or Slurm's first host)."""
     kind: str
@@ -56,7 +61,7 @@ class Launcher:
     @property
     def bootstraps(self) -> bool:
         """Whether hvdp starts Horovod's Gloo controller itself for this launcher."""
-        return self.kind in ("torchrun", "slurm") and (self.size or 1) > 1
+        return self.kind in ("torchrun", "slurm", "group") and (self.size or 1) > 1
 
 
 @dataclass(frozen=True)
@@ -178,7 +183,10 @@ def check_size(launcher: Launcher, size: int) -> None:
                        "hvdp's hvd.init() without comm=; call hvdp.torch/hvdp.keras's init, not "
                        "horovod's, or " + FIX,
            "slurm": "hvdp bootstraps Horovod's Gloo controller from these variables only inside "
-                    "hvdp's hvd.init() without comm=; or " + FIX}[launcher.kind]
+                    "hvdp's hvd.init() without comm=; or " + FIX,
+           "group": "hvdp bootstraps Horovod's Gloo controller from an initialised process group only "
+                    "inside hvdp's hvd.init() without comm=; call hvdp.torch's init, not horovod's, or "
+                    + FIX}[launcher.kind]
     raise RuntimeError(
         f"{launcher.name} started {launcher.size} processes ({', '.join(launcher.variables)}), but "
         f"Horovod initialised a job of size {size}: each process would train alone on its own "
@@ -269,11 +277,12 @@ def bootstrap(launcher: Launcher, store, hostname: Optional[str] = None,
     if rank == 0:
         hosts = [store.get(f"host/{r}").decode() for r in range(size)]
         one_host = len(set(hosts)) == 1
-        src = None if one_host else _route_source(launcher.addr)
+        target = launcher.addr or hosts[0]  # a process group may give no address: rank 0's host
+        src = None if one_host else _route_source(target)
         # one host: loopback; else this host's address towards the launcher's host (which is the
         # launcher's address itself when rank 0 runs there and reaches it over lo)
         addr = "127.0.0.1" if one_host else (src if src and not ipaddress.ip_address(src).is_loopback
-                                             else launcher.addr)
+                                             else target)
         port = (start or start_rendezvous)(plan(hosts))
         store.set("plan", json.dumps({"addr": addr, "port": port, "hosts": hosts}).encode())
     info = json.loads(store.get("plan").decode())
@@ -309,16 +318,30 @@ def tcp_store(dist, launcher: Launcher, environ: Optional[Mapping[str, str]] = N
     return dist.PrefixStore(f"hvdp/{environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/{_GENERATION[0]}/", store)
 
 
+def group_store(dist):
+    """The store of torch's initialised default process group (``dist`` = ``torch.distributed``),
+    keys under hvdp/group/<generation>/: every rank of the group reaches it already."""
+    _GENERATION[0] += 1
+    return dist.PrefixStore(f"hvdp/group/{_GENERATION[0]}/", dist.distributed_c10d._get_default_store())
+
+
 def init(horovod_init: Callable, horovod_size: Callable[[], int], is_initialized: Callable[[], bool],
          comm=None, process_sets=None, make_store: Optional[Callable[[Launcher], object]] = None,
-         environ=None) -> None:
+         environ=None, group: Optional[Callable[[], Optional[tuple]]] = None) -> None:
     """hvdp's ``hvd.init(comm=None, process_sets=None)``: bootstrap Gloo where the launcher needs
     it (``make_store(launcher)`` gives the store; None: refuse naming horovodrun/mpirun), call
-    Horovod's init, then refuse a job smaller than the launcher's world."""
+    Horovod's init, then refuse a job smaller than the launcher's world. ``group()``: (rank, size,
+    name) of the framework's initialised process group, or None; used where no launcher's
+    variables are present (the store is then the group's, ``make_store`` of a ``group`` launcher)."""
     environ = os.environ if environ is None else environ
     launcher = detect(environ)
+    if launcher.kind == "none" and group is not None:
+        found = group()
+        if found and found[1] > 1:
+            launcher = Launcher("group", found[2], found[0], found[1], addr=environ.get("MASTER_ADDR") or None,
+                                port=_int(environ, "MASTER_PORT"), variables=("its rank and world size",))
     if comm is None and launcher.bootstraps and not is_initialized():
-        if not launcher.addr:
+        if not launcher.addr and launcher.kind != "group":
             raise RuntimeError(f"{launcher.name} started {launcher.size} processes but gives no "
                                "rendezvous host (MASTER_ADDR, or SLURM_JOB_NODELIST for srun): "
                                f"export MASTER_ADDR and MASTER_PORT, or {FIX}")

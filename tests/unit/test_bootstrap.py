@@ -173,3 +173,34 @@ def test_doctor_lines_name_the_launcher():
     assert lines[0].startswith("launcher: torchrun (rank 1 of 4") and "RendezvousServer" in lines[1]
     assert bs.describe({}) == ["launcher: no launcher (a single process)"]
     assert "sets nothing" in bs.describe({"HOROVOD_RANK": "0", "HOROVOD_SIZE": "2"})[1]
+
+
+def test_an_initialised_process_group_bootstraps_without_launcher_variables(monkeypatch):
+    """No launcher's variables, but the framework's group has 2 ranks (a torch.multiprocessing.spawn
+    script that called init_process_group itself): bootstrap through the group's store, check the
+    size against the group's; a one-rank group or none changes nothing."""
+    monkeypatch.setattr(bs, "start_rendezvous", lambda slots: 4244)
+    store, calls, envs, kinds = FakeStore(), [], {}, []
+
+    def make_store(la):
+        kinds.append((la.kind, la.rank, la.size, la.addr))
+        return store
+
+    def rank(r):
+        envs[r] = {}
+        bs.init(lambda comm=None, process_sets=None: calls.append(r), lambda: 2, lambda: False,
+                make_store=make_store, environ=envs[r], group=lambda: (r, 2, "a test group"))
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in (1, 0)]
+    [t.start() for t in threads]
+    [t.join(20) for t in threads]
+    assert sorted(calls) == [0, 1] and sorted(kinds) == [("group", 0, 2, None), ("group", 1, 2, None)]
+    assert [envs[r]["HOROVOD_RANK"] for r in (0, 1)] == ["0", "1"]
+    assert envs[1]["HOROVOD_GLOO_RENDEZVOUS_PORT"] == "4244" and envs[1]["HOROVOD_GLOO_IFACE"] == "lo"
+    # Horovod joined less than the group: refused, naming the group
+    with pytest.raises(RuntimeError, match="a test group started 2 processes.*size 1"):
+        bs.init(lambda **k: None, lambda: 1, lambda: True, environ={}, group=lambda: (0, 2, "a test group"))
+    # a one-rank group or no group: not used
+    for grp in (lambda: (0, 1, "g"), lambda: None):
+        bs.init(lambda **k: None, lambda: 1, lambda: False, environ={}, make_store=make_store, group=grp)
+    assert len(kinds) == 2
