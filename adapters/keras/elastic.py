@@ -35,7 +35,8 @@ class ElasticSampler(ElasticOrder):
 
 class KerasState(ObjectState):
     """Commit / restore / sync of a Keras 3 model, its (hvdp) optimizer, a sampler and any
-    other picklable attributes given as keywords (``epoch=0``, ...).
+    other picklable attributes given as keywords (``epoch=0``, ...). Without ``optimizer``, the
+    model's compiled one, as in Horovod; the model must be built (as Horovod requires).
 
     Example::
 
@@ -43,6 +44,10 @@ class KerasState(ObjectState):
     """
 
     def __init__(self, model, optimizer=None, sampler=None, **kwargs):
+        if not model.built:  # its variables appear only later: nothing to save or sync yet
+            raise ValueError("hvd.elastic.KerasState needs a built model: start it with keras.Input(shape), "
+                             "or call model.build(input_shape) first")
+        optimizer = optimizer if optimizer is not None else getattr(model, "optimizer", None)
         self.model, self.optimizer, self.sampler = model, optimizer, sampler
         super().__init__(bcast_object=_hvd.broadcast_object, get_rank=_hvd.rank, **kwargs)
         self._saved_vars = None

@@ -237,6 +237,8 @@ raises(ValueError, lambda: hvd.callbacks.BroadcastGlobalVariablesCallback(0, loc
 for n in ("CommitStateCallback", "UpdateBatchStateCallback", "UpdateEpochStateCallback"):
     assert issubclass(getattr(hvd.elastic, n), keras.callbacks.Callback), n
 raises(ValueError, lambda: hvd.elastic.CommitStateCallback(None, batches_per_commit=0))
+lazy = keras.Sequential([keras.layers.Dense(2)])
+assert "built model" in raises(ValueError, lambda: hvd.elastic.KerasState(lazy, epoch=0))
 model = keras.Sequential([keras.layers.Dense(4, activation="relu"), keras.layers.Dense(2)])
 model.compile(optimizer=opt(), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
 x, y = np.random.rand(16, 3).astype("float32"), np.arange(16) % 2

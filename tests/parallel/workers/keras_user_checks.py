@@ -243,7 +243,8 @@ def check_elastic_callbacks():
     xs, ys = x[hvd.rank()::hvd.size()], y[hvd.rank()::hvd.size()]  # 32: 4 batches of 8
     model = make_model()
     model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.05)), loss=LOSS)
-    state = hvd.elastic.KerasState(model, model.optimizer, batch=0, epoch=0)
+    state = hvd.elastic.KerasState(model, batch=0, epoch=0)  # Horovod's form: the compiled optimizer
+    assert state.optimizer is model.optimizer
     commits = []
     plain_commit = state.commit
     state.commit = lambda: (commits.append((state.epoch, state.batch)), plain_commit())[1]
