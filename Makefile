@@ -115,3 +115,13 @@ rehearsal: setup
 	    DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
 	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends openssh-server >/dev/null; }
 	$(PY) -m pytest -q -rs tests/parallel/test_multihost.py
+
+# Ray Train's TorchTrainer (2 workers, int8) on a local two-node Ray cluster, against horovodrun
+# (tests/parallel/test_ray.py; about 2 min). ray[train] is not part of `make setup` (~140 MB with
+# pyarrow and pandas): this target installs it into the venv first.
+.PHONY: ray-check
+RAY_VERSION ?= 2.60.0
+ray-check: setup
+	@$(PY) -c 'import ray' 2>/dev/null || $(PY) -m pip install --quiet "ray[train]==$(RAY_VERSION)" \
+	    2>&1 | { grep -v '^WARNING: Location' || true; }
+	RUN_RAY_CHECK=1 $(PY) -m pytest -q -rs -s tests/parallel/test_ray.py
