@@ -181,8 +181,10 @@ def check_codecs():
             everyone = [allgathered(g.reshape(-1), f"kc.{name}.{graph}.{i}") for i, g in enumerate(local)]
             per_rank = [[e[r] for e in everyone] for r in range(hvd.size())]
             got = [keras.ops.convert_to_numpy(g).reshape(-1) for g in red]
-            # a traced graph may turn x / c into x * (1/c) (Grappler): one ulp off the reference
-            err = check_reduced(name, per_rank, got, plan.buckets, rtol_ref=2e-6 if graph else 1e-6)
+            # a traced graph may turn x / c into x * (1/c) (Grappler): a scale one ulp off the
+            # reference, and a code on a rounding tie one step off (seen: int4, 2 of 771 values)
+            err = check_reduced(name, per_rank, got, plan.buckets, rtol_ref=2e-6 if graph else 1e-6,
+                                flips=0.01 if graph else 0.0)
             print(f"  {name} ({'graph' if graph else 'eager'}, {keras.backend.backend()}): max |err| vs "
                   f"exact average {err:.3g}", flush=True)
 

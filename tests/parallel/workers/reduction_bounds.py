@@ -25,9 +25,13 @@ def reference_two_phase(codec, flats):
     return reds[0].finish(pend[0])
 
 
-def check_reduced(codec, per_rank, got, buckets, rtol_ref=1e-6, reference=None):
+def check_reduced(codec, per_rank, got, buckets, rtol_ref=1e-6, reference=None, flips=0.0):
     """Assert the bounds; return the largest |error| against the exact float64 average.
-    ``reference(codec, flats)``: the pipeline to replay (default: the flat two-phase one)."""
+    ``reference(codec, flats)``: the pipeline to replay (default: the flat two-phase one).
+    ``flips``: the fraction of a blockwise codec's elements that may differ from the replay by
+    up to one code step of the largest block (in a traced TF graph the scales came out one ulp
+    off the reference's, as if Grappler had turned ``x / c`` into ``x * (1/c)``; a quotient on
+    or next to a rounding tie then rounds the other way); the codec's bound still holds for all."""
     codec = codecs.get(codec)
     p = len(per_rank)
     exact = [np.mean([np.asarray(per_rank[r][i], np.float64) for r in range(p)], axis=0)
@@ -50,8 +54,14 @@ def check_reduced(codec, per_rank, got, buckets, rtol_ref=1e-6, reference=None):
             flats = [np.concatenate([np.asarray(per_rank[r][i], np.float32) for i in idx]) for r in range(p)]
             ref = (reference or reference_two_phase)(codec, flats)
             mine = np.concatenate([np.asarray(got[i], np.float32) for i in idx])
-            np.testing.assert_allclose(mine, ref, rtol=rtol_ref, atol=rtol_ref * float(np.abs(ref).max()),
-                                       err_msg=codec.name)
+            top = float(np.abs(ref).max())
+            if flips and codec.name in QMAX:
+                off = ~np.isclose(mine, ref, rtol=rtol_ref, atol=rtol_ref * top)
+                assert off.mean() <= flips, (codec.name, int(off.sum()), off.size)
+                step = top / QMAX[codec.name] * 1.001
+                assert np.all(np.abs(mine - ref)[off] <= step), (codec.name, float(np.abs(mine - ref).max()), step)
+                continue
+            np.testing.assert_allclose(mine, ref, rtol=rtol_ref, atol=rtol_ref * top, err_msg=codec.name)
     return max(float(e.max()) for e in err if e.size)
 
 
