@@ -1,6 +1,7 @@
 """Ranks that disagree, or one that fails or stalls, end the job within seconds with a clear
 error on every rank (issue 12), over Gloo and MPI. horovodrun's own timeout is only a guard:
 each case must end well before it (``BOUND_S``)."""
+import functools
 import json
 import os
 import re
@@ -30,10 +31,13 @@ AGREEMENT = {
 }
 
 
-def errors(out):
-    """{rank: (type, message)} from the workers' 'ERROR rank=<r> ... msg=<json>' lines."""
+def errors(out, case=None):
+    """{rank: (type, message)} from the workers' 'ERROR rank=<r> ... msg=<json>' lines (of one
+    case, in a job that ran several)."""
     found = {}
-    for rank, after, tp, msg in re.findall(r'ERROR rank=(\d) after=(\S+)s type=(\S+) msg=("(?:[^"\\]|\\.)*")', out):
+    prefix = "" if case is None else re.escape(f"case={case} ")
+    line = prefix + r'ERROR rank=(\d) after=(\S+)s type=(\S+) msg=("(?:[^"\\]|\\.)*")'
+    for rank, after, tp, msg in re.findall(line, out):
         found[int(rank)] = (tp, json.loads(msg))
         AFTER[int(rank)] = float(after)
     return found
@@ -56,10 +60,35 @@ def run_case(worker, case, controller, env=None):
     return out, errs
 
 
+@functools.lru_cache(maxsize=None)
+def agreement_cases(worker, controller, cases):
+    """Every ranks-agree case of one worker in one job (each raises the same error on every rank
+    at the same collective, so the job goes on to the next): {case: {rank: (type, message)}}."""
+    rc, out = horovodrun([os.path.join(WORKERS, worker), "cases"] + list(cases), controller=controller,
+                         timeout=GUARD_S + 30 * len(cases))
+    assert rc == 0, out[-4000:]
+    found = {}
+    for case in cases:
+        found[case] = errors(out, case)
+        assert all(AFTER[r] < CASE_S for r in found[case]), (case, dict(AFTER))  # seconds, not a hang
+    return found, out
+
+
+CASE_S = 20  # from a case's start to its error on each rank, in a job that runs several
+
+
+def test_disagreement_fails_the_job_fast():
+    """One case alone per framework: the error ends the job (non-zero exit) within BOUND_S."""
+    for worker, case in (("disagree_torch.py", "codec"), ("disagree_keras.py", "codec")):
+        out, errs = run_case(worker, case, "gloo")
+        assert set(errs) == {0, 1} and errs[0][0] == "DisagreementError", out[-4000:]
+
+
 @pytest.mark.parametrize("controller", CONTROLLERS)
 @pytest.mark.parametrize("case", sorted(AGREEMENT))
 def test_torch_disagreement_same_clear_error_on_every_rank(case, controller):
-    out, errs = run_case("disagree_torch.py", case, controller)
+    every, out = agreement_cases("disagree_torch.py", controller, tuple(sorted(AGREEMENT)))
+    errs = every[case]
     assert set(errs) == {0, 1}, f"not every rank reported the error:\n{out[-4000:]}"
     (t0, m0), (t1, m1) = errs[0], errs[1]
     assert t0 == t1 == "DisagreementError" and m0 == m1, f"ranks differ:\n{m0}\n---\n{m1}"
@@ -123,7 +152,8 @@ KERAS = {
 @pytest.mark.parametrize("controller", CONTROLLERS)
 @pytest.mark.parametrize("case", sorted(KERAS))
 def test_keras_disagreement_same_clear_error_on_every_rank(case, controller):
-    out, errs = run_case("disagree_keras.py", case, controller)
+    every, out = agreement_cases("disagree_keras.py", controller, tuple(sorted(KERAS)))
+    errs = every[case]
     assert set(errs) == {0, 1}, f"not every rank reported the error:\n{out[-4000:]}"
     (t0, m0), (t1, m1) = errs[0], errs[1]
     assert t0 == t1 == "DisagreementError" and m0 == m1, f"ranks differ:\n{m0}\n---\n{m1}"

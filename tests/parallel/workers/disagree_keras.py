@@ -9,7 +9,7 @@ import keras
 import numpy as np
 
 import hvdp.keras as hvd
-from case_report import run_and_report
+from case_report import run_and_report, run_cases
 
 
 def model_for(case, rank):
@@ -50,6 +50,11 @@ def run(case, rank):
 def main():
     case = sys.argv[1]
     hvd.init()
+    if case == "cases":  # disagree_keras.py cases <case> <case> ...: one job, each case reported
+        barrier = iter(range(1 << 30))
+        run_cases(run, sys.argv[2:], hvd.rank(),
+                  lambda: hvd.allreduce(np.zeros(1, "float32"), name=f"cases.barrier.{next(barrier)}"))
+        return
     run_and_report(run, case, hvd.rank())
 
 

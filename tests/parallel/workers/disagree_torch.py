@@ -10,7 +10,7 @@ import time
 import torch
 
 import hvdp.torch as hvd
-from case_report import run_and_report
+from case_report import run_and_report, run_cases
 
 
 def model_for(case, rank):
@@ -82,6 +82,11 @@ def main():
     # torch's first optimizer pays seconds of lazy imports: keep them out of the time measured
     torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
     hvd.init()
+    if case == "cases":  # disagree_torch.py cases <case> <case> ...: one job, each case reported
+        barrier = iter(range(1 << 30))
+        run_cases(run, sys.argv[2:], hvd.rank(),
+                  lambda: hvd.allreduce(torch.zeros(1), name=f"cases.barrier.{next(barrier)}"))
+        return
     run_and_report(run, case, hvd.rank())
 
 
