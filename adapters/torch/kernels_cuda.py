@@ -30,22 +30,10 @@ def _encode(x_ptr, prev_ptr, res_ptr, q_ptr, s_ptr, nblocks,
     y = tl.load(x_ptr + offs, mask=live, other=0.0)
     if HAS_PREV:
         y = y + tl.load(prev_ptr + offs, mask=live, other=0.0)
-    finite = tl.abs(y) < float("inf")  # False for +-inf and NaN
-    scale = tl.math.div_rn(tl.max(tl.where(finite, tl.abs(y), 0.0), axis=1), 127.0)
-    flagged = tl.max(tl.where(finite, 0, 1), axis=1) > 0
-    safe = tl.where(scale > 0, scale, 1.0)
-    # round half to even: |y / safe| <= 127 for finite y, far below 2**22, where adding and
-    # subtracting 1.5 * 2**23 rounds to an integer by the float32 addition's own rounding
-    q = (tl.math.div_rn(y, safe[:, None]) + 12582912.0) - 12582912.0
-    q = tl.minimum(tl.maximum(q, -127.0), 127.0)
-    q = tl.where(finite, q, -128.0)
+    q, stored, r = _quant(y, 127.0, -128.0, HAS_RES)
     tl.store(q_ptr + offs, q.to(tl.int8), mask=live)
-    stored = tl.where(flagged, -tl.maximum(scale, 1e-38), scale).to(tl.float32)
     tl.store(s_ptr + rows, stored, mask=rows < nblocks)
     if HAS_RES:
-        dscale = tl.where(flagged, tl.maximum(scale, 1e-38), scale).to(tl.float32)  # what decode multiplies by
-        r = y - q * dscale[:, None]
-        r = tl.where(finite & (tl.abs(r) < float("inf")), r, 0.0)
         tl.store(res_ptr + offs, r, mask=live)
 
 
@@ -70,20 +58,23 @@ def _decode_sum(q_ptr, s_ptr, out_ptr, nblocks, nb, scale,
 
 
 @triton.jit
-def _quant4(y, HAS_RES: tl.constexpr):
-    """One int4 block per row of y: (codes in [-7, 7], -8 where not finite; stored scales;
-    residual or None), as ``hvdp/codecs/int4.py`` computes them."""
-    finite = tl.abs(y) < float("inf")
-    scale = tl.math.div_rn(tl.max(tl.where(finite, tl.abs(y), 0.0), axis=1), 7.0)
+def _quant(y, QMAX: tl.constexpr, NF: tl.constexpr, HAS_RES: tl.constexpr):
+    """One blockwise block per row of y, as ``hvdp.codecs.int8.quantise_blocks``: (codes in
+    [-QMAX, QMAX], NF where not finite; the stored scales, negative for a flagged block; the
+    residual y - decode, or y itself without HAS_RES)."""
+    finite = tl.abs(y) < float("inf")  # False for +-inf and NaN
+    scale = tl.math.div_rn(tl.max(tl.where(finite, tl.abs(y), 0.0), axis=1), QMAX)
     flagged = tl.max(tl.where(finite, 0, 1), axis=1) > 0
     safe = tl.where(scale > 0, scale, 1.0)
-    q = (tl.math.div_rn(y, safe[:, None]) + 12582912.0) - 12582912.0  # round half to even
-    q = tl.minimum(tl.maximum(q, -7.0), 7.0)
-    q = tl.where(finite, q, -8.0)
+    # round half to even: |y / safe| <= QMAX for finite y, far below 2**22, where adding and
+    # subtracting 1.5 * 2**23 rounds to an integer by the float32 addition's own rounding
+    q = (tl.math.div_rn(y, safe[:, None]) + 12582912.0) - 12582912.0
+    q = tl.minimum(tl.maximum(q, -QMAX), QMAX)
+    q = tl.where(finite, q, NF)
     stored = tl.where(flagged, -tl.maximum(scale, 1e-38), scale).to(tl.float32)
     r = y
     if HAS_RES:
-        dscale = tl.where(flagged, tl.maximum(scale, 1e-38), scale).to(tl.float32)
+        dscale = tl.where(flagged, tl.maximum(scale, 1e-38), scale).to(tl.float32)  # what decode multiplies by
         r = y - q * dscale[:, None]
         r = tl.where(finite & (tl.abs(r) < float("inf")), r, 0.0)
     return q, stored, r
@@ -102,8 +93,8 @@ def _encode4(x_ptr, prev_ptr, res_ptr, q_ptr, s_ptr, hb,
     if HAS_PREV:
         ya = ya + tl.load(prev_ptr + offs, mask=live, other=0.0)
         yc = yc + tl.load(prev_ptr + high, mask=live, other=0.0)
-    qa, sa, ra = _quant4(ya, HAS_RES)
-    qc, sc, rc = _quant4(yc, HAS_RES)
+    qa, sa, ra = _quant(ya, 7.0, -8.0, HAS_RES)
+    qc, sc, rc = _quant(yc, 7.0, -8.0, HAS_RES)
     byte = (qa + 8.0).to(tl.int32) | ((qc + 8.0).to(tl.int32) << 4)
     tl.store(q_ptr + offs, byte.to(tl.uint8), mask=live)
     tl.store(s_ptr + rows, sa, mask=rlive)

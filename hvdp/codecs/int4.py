@@ -19,16 +19,10 @@ feedback on (the default): a 4-bit step drops far more of each gradient than 8 b
 from dataclasses import dataclass
 
 from .base import Codec, register
+from .int8 import dequantise_blocks, quantise_blocks
 
 QMAX = 7.0
 NONFINITE = -8.0
-_TINY = 1e-38  # flag magnitude for a flagged block whose finite elements are all zero
-
-
-def _per_block_scale(ops, absmax):
-    """absmax / 7, by an array divisor (see ``int8._per_block_scale``: CUDA's division by a
-    Python scalar is a multiplication by its reciprocal)."""
-    return absmax / (ops.zeros(1, "float32", like=absmax) + QMAX)
 
 
 @register
@@ -51,21 +45,7 @@ class Int4(Codec):
 
     def encode(self, ops, x):
         n, B = ops.size(x), self.block_size
-        x2 = ops.reshape(x, (n // B, B))
-        absmax = ops.amax_rows(ops.abs(x2))  # an inf/NaN in a block makes its absmax non-finite
-        if ops.all_finite(absmax):
-            scale = _per_block_scale(ops, absmax)
-            safe = ops.where(scale > 0, scale, 1.0)
-            q = ops.clip(ops.round(x2 / ops.reshape(safe, (-1, 1))), -QMAX, QMAX)
-            stored = scale
-        else:
-            finite = ops.isfinite(x2)
-            scale = _per_block_scale(ops, ops.amax_rows(ops.where(finite, ops.abs(x2), 0.0)))
-            safe = ops.where(scale > 0, scale, 1.0)
-            q = ops.clip(ops.round(x2 / ops.reshape(safe, (-1, 1))), -QMAX, QMAX)
-            q = ops.where(finite, q, NONFINITE)
-            flagged = ops.amax_rows(ops.where(finite, 0.0, 1.0)) > 0
-            stored = ops.where(flagged, -ops.where(scale > _TINY, scale, _TINY), scale)
+        q, stored = quantise_blocks(ops, ops.reshape(x, (n // B, B)), QMAX, NONFINITE)
         u = ops.reshape(q, (n,)) + 8.0  # nibbles 0..15
         half = n // 2
         packed = u[:half] + u[half:] * 16.0
@@ -78,8 +58,4 @@ class Int4(Codec):
         lo = b - hi * 16.0
         q = ops.cat([lo, hi]) - 8.0
         stored = ops.from_bytes(payload[half:], "float32")
-        q2 = ops.reshape(q, (n // B, B))
-        if ops.all_nonnegative(stored):
-            return ops.reshape(q2 * ops.reshape(stored, (-1, 1)), (n,))
-        out = q2 * ops.reshape(ops.abs(stored), (-1, 1))
-        return ops.reshape(ops.where(q2 == NONFINITE, float("nan"), out), (n,))
+        return dequantise_blocks(ops, ops.reshape(q, (n // B, B)), stored, NONFINITE)

@@ -13,14 +13,44 @@ _NONFINITE = -128
 _TINY = 1e-38  # flag magnitude for a flagged block whose finite elements are all zero
 
 
-def _per_block_scale(ops, absmax):
-    """absmax / 127, correctly rounded on every framework and device.
+def _per_block_scale(ops, absmax, qmax=127.0):
+    """absmax / qmax, correctly rounded on every framework and device.
 
     The divisor is an array, not a Python number: torch on CUDA turns division by a Python
     scalar into multiplication by its reciprocal, which differs from the division in the last
     bit for some values (seen on an H200: payloads of the CUDA path differed from numpy's).
     """
-    return absmax / (ops.zeros(1, "float32", like=absmax) + 127.0)
+    return absmax / (ops.zeros(1, "float32", like=absmax) + qmax)
+
+
+def quantise_blocks(ops, x2, qmax, nonfinite):
+    """Blockwise absmax codes of the rows of ``x2``: (codes in [-qmax, qmax] as floats, with
+    ``nonfinite`` where an element is not finite; the stored float32 scales, negative for a
+    block holding a non-finite element). Shared by int8 and int4."""
+    absmax = ops.amax_rows(ops.abs(x2))  # an inf/NaN in a block makes its absmax non-finite
+    if ops.all_finite(absmax):
+        scale = _per_block_scale(ops, absmax, qmax)
+        safe = ops.where(scale > 0, scale, 1.0)
+        # |x| <= absmax bounds |q| by qmax, except where the scale is a subnormal float (absmax
+        # below ~1.5e-36): its rounding can make the quotient qmax + 1, which must not wrap
+        return ops.clip(ops.round(x2 / ops.reshape(safe, (-1, 1))), -qmax, qmax), scale
+    finite = ops.isfinite(x2)
+    scale = _per_block_scale(ops, ops.amax_rows(ops.where(finite, ops.abs(x2), 0.0)), qmax)
+    safe = ops.where(scale > 0, scale, 1.0)
+    q = ops.clip(ops.round(x2 / ops.reshape(safe, (-1, 1))), -qmax, qmax)
+    q = ops.where(finite, q, float(nonfinite))
+    flagged = ops.amax_rows(ops.where(finite, 0.0, 1.0)) > 0
+    return q, ops.where(flagged, -ops.where(scale > _TINY, scale, _TINY), scale)
+
+
+def dequantise_blocks(ops, q2, stored, nonfinite):
+    """Codes (floats, one block a row) times their blocks' scales; NaN where a flagged block
+    holds the ``nonfinite`` code. -> a flat float32 array."""
+    n = ops.size(q2)
+    if ops.all_nonnegative(stored):
+        return ops.reshape(q2 * ops.reshape(stored, (-1, 1)), (n,))
+    out = q2 * ops.reshape(ops.abs(stored), (-1, 1))
+    return ops.reshape(ops.where(q2 == float(nonfinite), float("nan"), out), (n,))
 
 
 @register
@@ -43,29 +73,10 @@ class Int8(Codec):
 
     def encode(self, ops, x):
         n = ops.size(x)
-        x2 = ops.reshape(x, (n // self.block_size, self.block_size))
-        absmax = ops.amax_rows(ops.abs(x2))  # an inf/NaN in a block makes its absmax non-finite
-        if ops.all_finite(absmax):
-            scale = _per_block_scale(ops, absmax)
-            safe = ops.where(scale > 0, scale, 1.0)
-            # |x| <= absmax bounds |q| by 127, except where the scale is a subnormal float (absmax
-            # below ~1.5e-36): its rounding can make the quotient 128, which must not wrap to -128
-            q = ops.clip(ops.round(x2 / ops.reshape(safe, (-1, 1))), -127.0, 127.0)
-            return ops.cat([ops.to_bytes(ops.cast(q, "int8")), ops.to_bytes(ops.cast(scale, "float32"))])
-        finite = ops.isfinite(x2)
-        scale = _per_block_scale(ops, ops.amax_rows(ops.where(finite, ops.abs(x2), 0.0)))
-        safe = ops.where(scale > 0, scale, 1.0)
-        q = ops.clip(ops.round(x2 / ops.reshape(safe, (-1, 1))), -127.0, 127.0)
-        q = ops.where(finite, q, float(_NONFINITE))
-        flagged = ops.amax_rows(ops.where(finite, 0.0, 1.0)) > 0
-        stored = ops.where(flagged, -ops.where(scale > _TINY, scale, _TINY), scale)
+        q, stored = quantise_blocks(ops, ops.reshape(x, (n // self.block_size, self.block_size)), 127.0, _NONFINITE)
         return ops.cat([ops.to_bytes(ops.cast(q, "int8")), ops.to_bytes(ops.cast(stored, "float32"))])
 
     def decode(self, ops, payload, n):
         q = ops.cast(ops.from_bytes(payload[:n], "int8"), "float32")
         stored = ops.from_bytes(payload[n:], "float32")
-        q2 = ops.reshape(q, (n // self.block_size, self.block_size))
-        if ops.all_nonnegative(stored):
-            return ops.reshape(q2 * ops.reshape(stored, (-1, 1)), (n,))
-        out = q2 * ops.reshape(ops.abs(stored), (-1, 1))
-        return ops.reshape(ops.where(q2 == float(_NONFINITE), float("nan"), out), (n,))
+        return dequantise_blocks(ops, ops.reshape(q, (n // self.block_size, self.block_size)), stored, _NONFINITE)
