@@ -6,18 +6,23 @@ import sys
 import time
 
 
-def run_and_report(run, case, rank):
-    """``run(case, rank)``; an exception is reported in one write (so that horovodrun's line tags
-    cannot split it), then re-raised so that the job fails."""
+def _run_one(run, case, rank, prefix=""):
+    """``run(case, rank)``, reported: an exception in one write (so that horovodrun's line tags
+    cannot split it), then re-raised; else 'DONE'."""
     t0 = time.time()
     try:
         run(case, rank)
     except Exception as e:
-        sys.stdout.write(f"ERROR rank={rank} after={time.time() - t0:.2f}s type={type(e).__name__} "
+        sys.stdout.write(f"{prefix}ERROR rank={rank} after={time.time() - t0:.2f}s type={type(e).__name__} "
                          f"msg={json.dumps(str(e))}\n")
         sys.stdout.flush()
         raise
-    print(f"DONE rank={rank}", flush=True)
+    print(f"{prefix}DONE rank={rank}", flush=True)
+
+
+def run_and_report(run, case, rank):
+    """One case: its exception is reported, then re-raised so that the job fails."""
+    _run_one(run, case, rank)
 
 
 def run_cases(run, cases, rank, barrier):
@@ -25,13 +30,8 @@ def run_cases(run, cases, rank, barrier):
     exception is reported and the next case runs. For cases whose error every rank raises at the
     same collective (the ranks-agree check), so Horovod stays usable; ``barrier()`` between cases."""
     for case in cases:
-        t0 = time.time()
         try:
-            run(case, rank)
-        except Exception as e:
-            sys.stdout.write(f"case={case} ERROR rank={rank} after={time.time() - t0:.2f}s "
-                             f"type={type(e).__name__} msg={json.dumps(str(e))}\n")
-            sys.stdout.flush()
-        else:
-            print(f"case={case} DONE rank={rank}", flush=True)
+            _run_one(run, case, rank, prefix=f"case={case} ")
+        except Exception:
+            pass  # reported; the next case
         barrier()
