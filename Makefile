@@ -117,11 +117,22 @@ rehearsal: setup
 	$(PY) -m pytest -q -rs tests/parallel/test_multihost.py
 
 # Ray Train's TorchTrainer (2 workers, int8) on a local two-node Ray cluster, against horovodrun
-# (tests/parallel/test_ray.py; about 2 min). ray[train] is not part of `make setup` (~140 MB with
-# pyarrow and pandas): this target installs it into the venv first.
+# (tests/parallel/test_ray.py, also part of `make test`; about 2 min), alone. `make setup` installs
+# ray[train] into the environment.
 .PHONY: ray-check
-RAY_VERSION ?= 2.60.0
 ray-check: setup
-	@$(PY) -c 'import ray' 2>/dev/null || $(PY) -m pip install --quiet "ray[train]==$(RAY_VERSION)" \
+	$(PY) -m pytest -q -rs -s tests/parallel/test_ray.py
+
+# Spark's TorchDistributor (local mode, 2 processes, int8) against horovodrun
+# (tests/parallel/test_spark.py; about 1.5 min). Not part of `make setup` (pyspark ~320 MB and a
+# JVM): this target installs pyspark into the .venv and, as root, Debian's default-jre-headless.
+.PHONY: spark-check
+PYSPARK_VERSION ?= 4.3.0
+spark-check: setup
+	@command -v java >/dev/null || { test "$$(id -u)" -eq 0 \
+	    || { echo "make spark-check: needs Java; as root: apt-get install default-jre-headless" >&2; exit 1; }; \
+	    DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends default-jre-headless >/dev/null; }
+	@$(PY) -c 'import pyspark' 2>/dev/null || $(PY) -m pip install --quiet "pyspark==$(PYSPARK_VERSION)" \
 	    2>&1 | { grep -v '^WARNING: Location' || true; }
-	RUN_RAY_CHECK=1 $(PY) -m pytest -q -rs -s tests/parallel/test_ray.py
+	$(PY) -m pytest -q -rs -s tests/parallel/test_spark.py

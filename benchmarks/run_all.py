@@ -13,6 +13,7 @@ import time
 from tqdm import tqdm
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import join_cost  # noqa: E402  (the join control's per-step cost, Gloo and MPI)
 import links  # noqa: E402  (the three-link stage)
 import peers  # noqa: E402  (hvdp against DDP's hooks on the same links)
 import tta  # noqa: E402  (time to a target loss, GPT, three links)
@@ -55,6 +56,7 @@ STAGES = [
                                               "--json-out", os.path.join(RES, "step_np1.json")])),
     ("step time np=2 (+DDP)", lambda: horovodrun(2, [os.path.join(HERE, "step_bench.py"), "--ddp",
                                                      "--json-out", os.path.join(RES, "step_np2.json")])),
+    ("join control per-step cost np=2 (Gloo, MPI)", lambda: python([os.path.join(HERE, "join_cost.py")])),
 ] + links.stages(python, RES) + [
     ("hvdp vs DDP's hooks (three links)", lambda: python([os.path.join(HERE, "peers.py")], timeout=5400)),
     ("time to target loss (GPT, three links)", lambda: python([os.path.join(HERE, "tta.py")], timeout=5400)),
@@ -107,6 +109,12 @@ def report(elapsed):
                      "≤ 0.27", measured <= 0.27))
     for k in ("fp16", "bf16"):
         rows.append((f"wire bytes {k} ÷ fp32, P=2", f"{cb['wire'][f'{k}@2'][0]:.4f}", "—", None))
+    for controller in ("gloo", "mpi"):
+        try:
+            res = load(os.path.basename(join_cost.path(controller)))
+        except FileNotFoundError:
+            continue
+        rows += [(m, v, "—", None) for m, v in join_cost.rows(res)]
     rows += links.rows(load)
     rows += peers.target_rows()
     rows += tta.target_rows()

@@ -19,11 +19,12 @@ from typing import List, Mapping, Optional, Sequence, Tuple
 
 HVDP_FUSION_THRESHOLD = "HVDP_FUSION_THRESHOLD"          # bytes per compressed bucket
 HVDP_MIN_COMPRESS_ELEMENTS = "HVDP_MIN_COMPRESS_ELEMENTS"  # smaller tensors stay uncompressed
-HVDP_CACHE_DIR = "HVDP_CACHE_DIR"                        # set-up cache (scripts/setup.sh), wheels
+HVDP_CACHE_DIR = "HVDP_CACHE_DIR"                        # every cache: set-up envs, wheels, kernels
 HVDP_COMPILE_CODECS = "HVDP_COMPILE_CODECS"              # 1: torch.compile the codecs (torch)
 HVDP_CHECK_AGREEMENT = "HVDP_CHECK_AGREEMENT"            # 0: skip the ranks-agree check (agreement.py)
 HVDP_FAILURE_BOARD = "HVDP_FAILURE_BOARD"                # 0: no failure reports between ranks (failures.py)
 HVDP_KERNELS = "HVDP_KERNELS"                            # off: no fused codec kernels (hvdp/kernels)
+HVDP_STALL_TIMEOUT_SECONDS = "HVDP_STALL_TIMEOUT_SECONDS"  # 0: no stall watchdog (watchdog.py)
 HVDP_DDP_ADDR = "HVDP_DDP_ADDR"                          # examples/benchmarks: DDP's Gloo rendezvous address
 HVDP_DDP_PORT = "HVDP_DDP_PORT"                          # examples/benchmarks: DDP's Gloo rendezvous port
 HOROVOD_ELASTIC = "HOROVOD_ELASTIC"                      # 1: an elastic job (horovodrun sets it)
@@ -109,6 +110,12 @@ def failure_board(environ: Environ = None) -> bool:
     return env_bool(HVDP_FAILURE_BOARD, True, environ)
 
 
+def stall_timeout_s(environ: Environ = None) -> int:
+    """``HVDP_STALL_TIMEOUT_SECONDS`` (default 600): how long one of hvdp's collectives may wait
+    for the other ranks before the watchdog ends the job; 0: no watchdog."""
+    return env_int(HVDP_STALL_TIMEOUT_SECONDS, 600, minimum=0, environ=environ)
+
+
 def kernels_mode(environ: Environ = None) -> str:
     """``HVDP_KERNELS``: ``auto`` (default: kernels where one serves) or ``off`` (array ops)."""
     return env_choice(HVDP_KERNELS, KERNEL_MODES, "auto", environ)
@@ -125,7 +132,8 @@ def min_compress_elements(default: int, environ: Environ = None) -> int:
 
 
 def cache_dir(environ: Environ = None) -> Optional[str]:
-    """``HVDP_CACHE_DIR``: the set-up cache (environments, wheels), or None: the default place."""
+    """``HVDP_CACHE_DIR``: every cache of hvdp's (set-up environments, wheels, compiled kernels), or
+    None: the default place."""
     raw = _raw(HVDP_CACHE_DIR, environ)
     return None if raw is None else os.path.expanduser(raw.strip())
 
@@ -150,7 +158,7 @@ def elastic_mode(environ: Environ = None) -> bool:
 
 _CHECKS = (compile_codecs_default, check_agreement, failure_board, kernels_mode,
            lambda env: fusion_threshold_bytes(1, env), lambda env: min_compress_elements(0, env),
-           lambda env: ddp_port(1, env))
+           lambda env: ddp_port(1, env), stall_timeout_s)
 
 
 def problems(environ: Environ = None) -> List[Tuple[str, str]]:

@@ -135,8 +135,15 @@ def hang_settings(environ) -> tuple:
         problems.append(("HOROVOD_STALL_CHECK_DISABLE is set: a rank that stops submitting makes the "
                          "others wait forever, with no warning", "unset it and export " + STALL_ADVICE))
     elif shutdown <= 0:
+        try:
+            watchdog = config.stall_timeout_s(environ)
+        except ValueError:  # reported by config.problems (diagnose)
+            watchdog = 600
+        ends = (f"hvdp's watchdog ends a stall in hvdp's own collectives after {watchdog} s "
+                "(HVDP_STALL_TIMEOUT_SECONDS), but nothing ends one in Horovod's own collectives"
+                if watchdog > 0 else "with HVDP_STALL_TIMEOUT_SECONDS=0 nothing ends it")
         notes.append("a rank that stops submitting (stuck evaluation, dead data loader) makes the others "
-                     f"wait forever: for production export {STALL_ADVICE} (shutdown above your longest "
+                     f"wait: {ends}; for production export {STALL_ADVICE} (shutdown above your longest "
                      "pause that only some ranks take); Horovod 0.28.1's stall inspector acts over MPI "
                      "only, not over Gloo")
     elif shutdown < check:

@@ -6,10 +6,12 @@ report on a *board* before Horovod shuts down (its exception hook runs before th
 exit handlers, and Horovod's shutdown is one of those), and a survivor whose collective failed
 reads the board and names the cause.
 
-Boards: with Gloo, the key-value store horovodrun already serves to every worker for its
-rendezvous (any host); otherwise a directory in the temporary directory, named after the MPI
-job, which only ranks on the same host share. No board, or a rank killed without a chance to
-write (SIGKILL, OOM killer), or a stall shutdown: the survivor says that nobody reported.
+Boards (``hvdp.boards``): with Gloo, the key-value store horovodrun already serves to every
+worker for its rendezvous (any host); otherwise a private directory (0700, owner checked) in the temporary
+directory, named after the user and the MPI job, which only ranks on the same host share. No
+board, or a rank killed without a chance to write (SIGKILL, OOM killer), or a stall shutdown by
+Horovod's inspector: the survivor says that nobody reported (hvdp's own stall watchdog reports,
+``hvdp.watchdog``).
 ``HVDP_FAILURE_BOARD=0`` turns the reports off.
 
 The launcher stops every other worker as soon as the failing one exits, which can be before a
@@ -31,123 +33,41 @@ Example::
 from __future__ import annotations
 
 import atexit
-import hashlib
 import json
-import os
+import re
 import socket
 import sys
-import tempfile
 import time
 import traceback
-import urllib.request
 from contextlib import contextmanager
-from typing import Callable, Iterator, List, Mapping, Optional
+from typing import Callable, Iterator, List, Optional
 
-from .config import elastic_mode, failure_board
+from .boards import board_from_env
+from .config import elastic_mode
 
 SHUTDOWN_TEXT = "Horovod has been shut down"
 MAX_TEXT = 600          # characters of the failing exception kept in a report
 MAX_AGE_S = 300         # an older report is from an earlier, recovered failure (elastic)
 LINGER_S = 3.0          # the adapters' default linger of a failed rank (not elastic)
 DONE_SLACK_S = 30       # a "done" mark this much older than the failing rank's report is stale
-KV_SCOPE = "hvdp_failures"
-
-
-class KVBoard:
-    """horovodrun's rendezvous HTTP store (Gloo): one key holds the latest report."""
-
-    def __init__(self, addr: str, port: int, timeout: float = 2.0):
-        self.base = f"http://{addr}:{port}/{KV_SCOPE}"
-        self.url = f"{self.base}/latest"
-        self.timeout = timeout
-
-    def _put(self, url: str, data: bytes) -> None:
-        req = urllib.request.Request(url, data=data, method="PUT")
-        urllib.request.urlopen(req, timeout=self.timeout).close()
-
-    def _get(self, url: str) -> Optional[bytes]:
-        try:
-            with urllib.request.urlopen(url, timeout=self.timeout) as r:
-                return r.read()
-        except urllib.error.HTTPError as e:  # 404: not there
-            if e.code == 404:
-                return None
-            raise
-
-    def post(self, rank: int, data: bytes) -> None:
-        self._put(self.url, data)
-
-    def read(self) -> List[bytes]:
-        got = self._get(self.url)
-        return [] if got is None else [got]
-
-    def mark_done(self, rank: int, data: bytes) -> None:
-        self._put(f"{self.base}/done-{rank}", data)
-
-    def read_done(self, rank: int) -> Optional[bytes]:
-        return self._get(f"{self.base}/done-{rank}")
-
-
-class DirBoard:
-    """A directory: one file per reporting rank (ranks on one host, any controller)."""
-
-    def __init__(self, path: str):
-        self.path = path
-
-    def _write(self, name: str, data: bytes) -> None:
-        os.makedirs(self.path, exist_ok=True)
-        tmp = os.path.join(self.path, f".{name}.{os.getpid()}")
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.replace(tmp, os.path.join(self.path, name))
-
-    def post(self, rank: int, data: bytes) -> None:
-        self._write(f"rank-{rank}.json", data)
-
-    def mark_done(self, rank: int, data: bytes) -> None:
-        self._write(f"done-{rank}.json", data)
-
-    def read_done(self, rank: int) -> Optional[bytes]:
-        try:
-            with open(os.path.join(self.path, f"done-{rank}.json"), "rb") as f:
-                return f.read()
-        except FileNotFoundError:
-            return None
-
-    def read(self) -> List[bytes]:
-        try:
-            names = sorted(n for n in os.listdir(self.path) if n.startswith("rank-"))
-        except FileNotFoundError:
-            return []
-        out = []
-        for n in names:
-            with open(os.path.join(self.path, n), "rb") as f:
-                out.append(f.read())
-        return out
-
-
-# Open MPI names each job in the environment it gives its processes; one of these is enough.
-_MPI_JOB_VARS = ("PMIX_NAMESPACE", "OMPI_MCA_orte_hnp_uri", "OMPI_MCA_ess_base_jobid", "PMI_JOBID")
-
-
-def board_from_env(environ: Optional[Mapping[str, str]] = None):
-    """The board this job's ranks share, or None (turned off, or no job identity found)."""
-    env = os.environ if environ is None else environ
-    if not failure_board(env):  # HVDP_FAILURE_BOARD; not a boolean: ValueError
-        return None
-    addr, port = env.get("HOROVOD_GLOO_RENDEZVOUS_ADDR"), env.get("HOROVOD_GLOO_RENDEZVOUS_PORT")
-    if addr and port:
-        return KVBoard(addr, int(port))
-    job = next((env[v] for v in _MPI_JOB_VARS if env.get(v)), None)
-    if job is None:
-        return None
-    key = hashlib.sha1(job.encode()).hexdigest()[:16]
-    return DirBoard(os.path.join(tempfile.gettempdir(), f"hvdp-failures-{key}"))
 
 
 def is_consequence(exc: BaseException) -> bool:
     """An error that only says another rank went away (Horovod's shut-down), not a cause."""
     return type(exc).__name__ == "HorovodInternalError" or SHUTDOWN_TEXT in str(exc)
+
+
+# What a failed Horovod op's TF error says: Horovod's own text, a Gloo transport error (the file path
+# of gloo's sources: "gloo/transport/tcp/pair.cc:589] Read error ...: Connection reset by peer"), or
+# the failing node's name, which for hvdp's collectives starts with "hvdp." and for Horovod's
+# unnamed ones with the op type ("HorovodAllreduce_...").
+_COLLECTIVE_FAILURE = re.compile(r"Horovod|\bgloo/|\{\{node (?:[^}]*/)?hvdp\.")
+
+
+def collective_failed(message: str) -> bool:
+    """Whether an error message is that of a failed Horovod collective (an elastic reset), not of
+    the user's own computation."""
+    return bool(_COLLECTIVE_FAILURE.search(message or ""))
 
 
 def make_report(rank: int, exc: BaseException, where: str, now: Optional[float] = None) -> bytes:
@@ -216,6 +136,9 @@ class FailureReporter:
         self._size: Optional[int] = None
         self._reported_at: Optional[float] = None  # when this rank left its own report
         self._explained_any = False                # this rank explained another's failure
+        # set where this process itself shut Horovod down (the stall watchdog): the cause to
+        # give for the shut-down this rank then sees, instead of another rank's report
+        self.cause_here: Optional[str] = None
         self._done = False                         # this rank's "done" mark is on the board
         self._installed = False
 
@@ -322,7 +245,7 @@ class FailureReporter:
             return exc
         if getattr(exc, "_hvdp_explained", False):
             return exc
-        msg = explain(str(exc), self.reports(), self.rank())
+        msg = self.explanation(str(exc))
         self._explained_any = True
         try:
             new = type(exc)(msg)
@@ -330,6 +253,12 @@ class FailureReporter:
             new = RuntimeError(msg)
         new._hvdp_explained = True
         return new
+
+    def explanation(self, original: str) -> str:
+        """What to say of Horovod's shut-down (``original``: what Horovod said)."""
+        if self.cause_here is not None:
+            return f"{self.cause_here}\nso rank {self.rank()} shut Horovod down, and saw: {original}"
+        return explain(original, self.reports(), self.rank())
 
     @contextmanager
     def explaining(self, where: str = "in hvdp's gradient reduction") -> Iterator[None]:
@@ -357,7 +286,7 @@ class FailureReporter:
 
         def hook(tp, value, tb):
             if value is not None and is_consequence(value) and not getattr(value, "_hvdp_explained", False):
-                print(explain(str(value).splitlines()[0][:300], self.reports(), self._rank),
+                print(self.explanation(str(value).splitlines()[0][:300]),
                       file=sys.stderr, flush=True)
             elif value is not None:
                 self.report(value, "uncaught in the training script")

@@ -2,8 +2,9 @@
 
 Horovod's join answers only *allreduce* for a joined rank (with zeros); an alltoall or allgather
 that meets a joined rank is an error on the active ranks and crashes the joined one. hvdp's
-two-phase codecs (bf16, int8, topk) use exactly those. So, when the user opts in
-(``DistributedOptimizer(..., uneven_inputs=True)``):
+two-phase codecs (bf16, int8, int4, topk) use exactly those. So, wherever it is supported (the
+default ``DistributedOptimizer(..., uneven_inputs=None)``: a flat reduction with a two-phase
+codec; :class:`~hvdp.settings.ReduceSettings` decides it once, for every adapter):
 
 - every step, before its first two-phase bucket, the ranks sum a 1 over an allreduce
   (``CONTROL_NAME``): a joined rank's zero makes the sum smaller than the size, and every active
@@ -25,9 +26,11 @@ The average is Horovod's in every case: the sum over the active ranks divided by
 After all ranks have joined, hvdp's ``join`` broadcasts the optimizers' parameters and state from
 the last rank to join (it ran every step), so the ranks are identical again.
 
-Without the opt-in, ``join`` on a rank whose optimizer has two-phase buckets raises
-:class:`JoinRefused` (the other ranks learn it through the failure reports, see
-``hvdp.failures``) instead of letting Horovod crash.
+Where the control is off, ``join`` on a rank whose optimizer has two-phase (or low-rank, or
+two-level) buckets raises :class:`JoinRefused` naming why (the other ranks learn it through the
+failure reports, see ``hvdp.failures``) instead of letting Horovod crash or hang: the user passed
+``uneven_inputs=False``, the codec is low-rank (powersgd), the reduction is ``hierarchical=True``,
+or the gradients come from Keras' ``DistributedGradientTape``.
 """
 from __future__ import annotations
 
@@ -42,7 +45,7 @@ CONTROL_NAME = "hvdp.join.active"
 
 
 class JoinRefused(RuntimeError):
-    """``hvd.join()`` with a two-phase codec but without ``uneven_inputs=True``."""
+    """``hvd.join()`` while an optimizer's join control is off (:func:`refusal` says why)."""
 
 
 def _low_rank(codec_name: str) -> bool:
@@ -52,22 +55,35 @@ def _low_rank(codec_name: str) -> bool:
         return False
 
 
-def refusal(codec_name: str, adapter: str) -> str:
-    """The message of :class:`JoinRefused`: what happened and the two ways out."""
-    if _low_rank(codec_name):
-        return (f"hvd.join() was called (this rank ran out of data) while the DistributedOptimizer uses "
-                f"{codec_name} compression, which does not support uneven inputs (its warm-start and "
-                f"error-feedback state assumes every rank runs every step). Fix: give every rank the same "
-                f"number of steps (drop the remainder of the data), or use compression 'int8' with "
-                f"hvd.DistributedOptimizer(..., uneven_inputs=True).")
-    extra = (" and add hvd.callbacks.JoinCallback() to model.fit's callbacks"
-             if adapter == "keras" else "")
-    return (f"hvd.join() was called (this rank ran out of data) while the DistributedOptimizer uses "
-            f"{codec_name} compression, which reduces over alltoall/allgather: Horovod's join does "
-            f"not support those and would crash. Fix: create the optimizer with "
-            f"hvd.DistributedOptimizer(..., uneven_inputs=True) on every rank{extra}; or give every "
-            f"rank the same number of steps (drop the remainder of the data), or use compression "
-            f"'none' or 'fp16'.")
+def refusal(codec_name: str, adapter: str, why: str = "off") -> str:
+    """The message of :class:`JoinRefused`: what happened, why, and the ways out.
+
+    ``why`` (``ReduceSettings.join_off``, or "tape" for Keras' ``DistributedGradientTape``):
+    "off" (``uneven_inputs=False`` was passed), "low_rank", "hierarchical", "tape"."""
+    if why not in ("off", "low_rank", "hierarchical", "tape"):
+        raise ValueError(f"refusal: unknown reason {why!r}")
+    head = "hvd.join() was called (this rank ran out of data) while the DistributedOptimizer uses "
+    even = "give every rank the same number of steps (drop the remainder of the data)"
+    if why == "low_rank" or (why == "off" and _low_rank(codec_name)):
+        return (f"{head}{codec_name} compression, which does not support uneven inputs (its warm-start and "
+                f"error-feedback state assumes every rank runs every step). Fix: {even}, or use "
+                f"compression 'int8' (hvd.join() then works without any other argument).")
+    if why == "hierarchical":
+        return (f"{head}hierarchical=True ({codec_name} between nodes), which does not support uneven "
+                f"inputs: a joined rank would leave its node's reduce-scatter waiting. Fix: {even}, or use "
+                f"hierarchical=False (hvd.join() then works with every codec).")
+    if why == "tape":
+        return (f"hvd.join() was called (this rank ran out of data) while a DistributedGradientTape uses "
+                f"{codec_name} compression, which reduces over alltoall/allgather: Horovod's join does not "
+                f"support those and would crash, and the tape has no join control. Fix: use "
+                f"hvd.DistributedOptimizer (hvd.join() works with every codec there); or {even}, or use "
+                f"compression 'none' or 'fp16' with the tape.")
+    extra = (" (hvd.callbacks.JoinCallback() in model.fit's callbacks)" if adapter == "keras" else "")
+    return (f"{head}{codec_name} compression, which reduces over alltoall/allgather, and was created "
+            f"with uneven_inputs=False, which turns off the per-step join control: Horovod's join does not "
+            f"support those collectives and would crash. Fix: drop uneven_inputs=False on every rank (the "
+            f"default turns the control on for this codec, and hvd.join(){extra} then works); or {even}, "
+            f"or use compression 'none' or 'fp16'.")
 
 
 def someone_joined(active: float, size: int) -> bool:
@@ -75,7 +91,8 @@ def someone_joined(active: float, size: int) -> bool:
     n = int(round(float(active)))
     if not 1 <= n <= size:
         raise RuntimeError(f"hvdp join control: {n} active ranks of {size}; the ranks disagree on "
-                           "uneven_inputs (it must be set the same way on every rank)")
+                           "uneven_inputs (it must be set the same way on every rank: leave it at "
+                           "its default everywhere)")
     return n < size
 
 

@@ -8,7 +8,7 @@ engine (``hvdp.engine``) is handed besides the array ops and the collectives.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, List, Optional, Protocol, Sequence, Tuple
 
 from .codecs.auto import Auto
@@ -41,7 +41,11 @@ class ReduceSettings:
         predivide: Horovod's ``gradient_predivide_factor`` (divide before the sum, multiply after).
         backward_passes: Horovod's ``backward_passes_per_step``.
         sparse_as_dense: sparse gradients reduced as dense ones.
-        uneven_inputs: ranks may ``hvd.join()`` with any codec (``hvdp.join``).
+        uneven_inputs: ranks may ``hvd.join()`` with any codec (``hvdp.join``): None (the
+            default) is on wherever it is supported (not with ``hierarchical=True`` nor a
+            low-rank codec), True insists (an error where unsupported), False is off. Resolved
+            here, once, to a bool (what the engine, the adapters and the ranks-agree check see);
+            the user's word stays in ``uneven_requested``.
         compressor: the Horovod compressor's name, with ``codec=None``.
         instance: the optimizer's number on its process set (its collectives' names).
         extra: (name, value) pairs an adapter adds (Keras's ``average_aggregated_gradients``).
@@ -59,11 +63,12 @@ class ReduceSettings:
     predivide: float = 1.0
     backward_passes: int = 1
     sparse_as_dense: bool = False
-    uneven_inputs: bool = False
+    uneven_inputs: Optional[bool] = None
     compressor: str = ""
     instance: int = 0
     extra: Tuple[Tuple[str, Any], ...] = ()
     hierarchical: bool = False
+    uneven_requested: Optional[bool] = field(default=None, init=False, compare=False)
 
     def __post_init__(self):
         if not isinstance(self.policy, CompressionPolicy):
@@ -77,6 +82,12 @@ class ReduceSettings:
             raise ValueError(f"backward_passes_per_step must be >= 1, got {self.backward_passes}")
         if self.codec is None and not self.compressor:
             raise ValueError("ReduceSettings: codec=None needs the Horovod compressor's name")
+        if self.uneven_inputs not in (None, True, False):
+            raise TypeError(f"uneven_inputs must be None (the default), True or False, got {self.uneven_inputs!r}")
+        requested = self.uneven_inputs
+        object.__setattr__(self, "uneven_requested", requested)
+        if requested is None:  # on wherever the join control is supported
+            object.__setattr__(self, "uneven_inputs", self.join_unsupported is None)
         if self.low_rank and (self.hierarchical or self.uneven_inputs):
             what = "hierarchical=True" if self.hierarchical else "uneven_inputs=True"
             raise ValueError(f"{what} is not supported with {self.codec.name} compression (it reduces "
@@ -95,6 +106,24 @@ class ReduceSettings:
                 raise ValueError("hierarchical=True cannot combine with uneven_inputs=True (a joined rank "
                                  "would leave its node's reduce-scatter waiting): give every rank the same "
                                  "number of steps, or use hierarchical=False")
+
+    @property
+    def join_unsupported(self) -> Optional[str]:
+        """Why ``hvd.join()`` cannot be made safe for these settings ("low_rank",
+        "hierarchical"), or None where the per-step join control works."""
+        if self.low_rank:
+            return "low_rank"
+        if self.hierarchical:
+            return "hierarchical"
+        return None
+
+    @property
+    def join_off(self) -> Optional[str]:
+        """Why the join control is off (``hvdp.join.refusal``'s ``why``): "low_rank",
+        "hierarchical", "off" (``uneven_inputs=False`` was passed), or None when it is on."""
+        if self.uneven_inputs:
+            return None
+        return self.join_unsupported or "off"
 
     @property
     def auto(self) -> bool:

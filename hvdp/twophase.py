@@ -378,8 +378,11 @@ class TwoPhaseReducer:
     def load_state_dict(self, state: dict) -> None:
         """Residuals are kept where the bucket layout is unchanged, reset otherwise.
 
-        The worker residual only depends on the bucket's padded length; the server residual
-        belongs to this rank's chunk, which moves when the number of workers changes.
+        The worker residual only depends on the bucket's padded length (one of another length
+        is ignored when read, see ``_previous``, or replaced by a zero one in a sized store); the
+        server residual belongs to this rank's chunk, which moves when the number of workers
+        changes. This is the checkpoint rule of both adapters at another number of workers
+        (``hvdp.torch.checkpoint``, ``hvdp.keras.checkpoint``; docs/uneven-elastic-checkpoints.md).
         """
         same_codec = state.get("codec") == str(self.codec)
         same_world = same_codec and state.get("size") == self.comm.size

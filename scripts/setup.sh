@@ -76,6 +76,17 @@ if [[ ! -f "$TRITON_DIR/.complete" ]]; then
         say "triton not installed (test_kernels_cuda.py will skip)"
     fi
 fi
+# Ray Train, for tests/parallel/test_ray.py (TorchTrainer running hvdp): added to the environment
+# on its own marker, so that a change of its version does not rebuild the whole environment.
+RAY_VERSION=2.60.0
+if [[ ! -f "$ENV_DIR/.ray-$RAY_VERSION" ]]; then
+    say "installing ray[train]==$RAY_VERSION"
+    if quiet "$ENV_DIR/bin/pip" install --quiet "ray[train]==$RAY_VERSION"; then
+        touch "$ENV_DIR/.ray-$RAY_VERSION"
+    else
+        say "ray not installed (test_ray.py will skip)"
+    fi
+fi
 flock -u 9
 
 # --- 3. the clone's .venv -----------------------------------------------------------------------
@@ -86,20 +97,21 @@ if [[ "$(cat "$VENV/.hvdp-env" 2>/dev/null)" != "$ENV_DIR" ]]; then
     site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
     dep_site=$("$ENV_DIR/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
     echo "$dep_site" > "$site/hvdp-deps.pth"
-    # The cached environment's commands (horovodrun, pytest, ...) re-pointed at this .venv's
-    # python, so that what they start sees hvdp from this clone.
-    for f in "$ENV_DIR"/bin/*; do
-        name=$(basename "$f")
-        [[ -e "$VENV/bin/$name" || "$name" == python* || "$name" == activate* ]] && continue
-        if head -1 "$f" | grep -qx "#!$ENV_DIR/bin/python[0-9.]*"; then
-            { echo "#!$VENV/bin/python"; tail -n +2 "$f"; } > "$VENV/bin/$name"
-            chmod +x "$VENV/bin/$name"
-        else
-            ln -s "$f" "$VENV/bin/$name"
-        fi
-    done
     quiet "$VENV/bin/pip" install --quiet --no-deps --no-build-isolation -e "$ROOT"
     echo "$ENV_DIR" > "$VENV/.hvdp-env"
     say ".venv ready (dependencies: $ENV_DIR)"
 fi
+# The cached environment's commands (horovodrun, pytest, ray, ...) re-pointed at this .venv's
+# python, so that what they start sees hvdp from this clone; also those added to the environment
+# since the .venv was made.
+for f in "$ENV_DIR"/bin/*; do
+    name=$(basename "$f")
+    [[ -e "$VENV/bin/$name" || "$name" == python* || "$name" == activate* ]] && continue
+    if head -1 "$f" | grep -qx "#!$ENV_DIR/bin/python[0-9.]*"; then
+        { echo "#!$VENV/bin/python"; tail -n +2 "$f"; } > "$VENV/bin/$name"
+        chmod +x "$VENV/bin/$name"
+    else
+        ln -s "$f" "$VENV/bin/$name"
+    fi
+done
 if [[ -f "$TRITON_DIR/.complete" ]]; then echo "$TRITON_DIR" > "$VENV/hvdp-triton-path"; fi

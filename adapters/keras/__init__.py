@@ -37,11 +37,12 @@ _HOROVOD = ["Adasum", "Average", "Sum", "Min", "Max", "Product", "ProcessSet", "
             "reducescatter", "remove_process_set", "rocm_built", "shutdown", "size", "start_timeline",
             "stop_timeline", "broadcast_"]
 globals().update({_n: getattr(_B.hvd, _n, None) or getattr(_B.hvd.mpi_ops._basics, _n) for _n in _HOROVOD})
-if _B.name == "torch":  # horovod.torch's collectives take tensors only; numpy too, as on TensorFlow
-    from ._backend_torch import numpy_friendly as _numpy_friendly
-    for _n in ("allgather", "allreduce", "alltoall", "broadcast", "reducescatter", "grouped_allgather",
-               "grouped_allreduce", "grouped_reducescatter"):
-        globals()[_n] = _numpy_friendly(globals()[_n])
+# numpy arrays, Python numbers, backend tensors and Keras variables, on either backend; the four
+# that horovod.tensorflow.keras defines with its own signatures (value, name=None, ...)
+from .functions import accepting_values as _accepting_values  # noqa: E402
+from .functions import allgather, allreduce, broadcast, reducescatter  # noqa: E402,F401,F811
+for _n in ("alltoall", "grouped_allgather", "grouped_allreduce", "grouped_reducescatter"):
+    globals()[_n] = _accepting_values(globals()[_n])
 if hasattr(_B.hvd, "broadcast_object_fn"):  # horovod.tensorflow only
     broadcast_object_fn = _B.hvd.broadcast_object_fn
 

@@ -1,12 +1,17 @@
 """hvdp.keras on Keras' TensorFlow backend: horovod.tensorflow's collectives, TF array ops,
 residuals and accumulators in ``tf.Variable`` (they must survive across traced train steps)."""
 import functools
+import os
+import sys
+import threading
 
 import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 from horovod.common.elastic import run_fn
 from horovod.common.exceptions import HorovodInternalError
+
+from hvdp.failures import collective_failed
 
 from .comm import TFCollectives, op_name
 from .ops import TFOps
@@ -62,6 +67,36 @@ class Buffer:
 
 
 _ONE = {}
+_WATCH = {}
+
+
+def _watch_counters(dog, name):
+    """The step's counts of waits begun and ended (host variables, made once), read by ``dog``."""
+    if "v" not in _WATCH:
+        with tf.init_scope(), tf.device("/cpu:0"):
+            _WATCH["v"] = (tf.Variable(0, dtype=tf.int64, trainable=False, name="hvdp_waits_begun"),
+                           tf.Variable(0, dtype=tf.int64, trainable=False, name="hvdp_waits_ended"))
+        begun, ended = _WATCH["v"]
+        dog.poll(name, lambda: (int(begun.numpy()), int(ended.numpy()), _tf_calls()))
+    return _WATCH["v"]
+
+
+_TF_DIR = os.sep + "tensorflow" + os.sep
+
+
+def _tf_calls():
+    """The innermost Python frames of the other threads that are inside TensorFlow, such as a
+    traced step's call: a stalled collective keeps its thread in one same call (frame), while
+    a step that failed has returned (a count it began then never ends)."""
+    me = threading.get_ident()
+    return tuple(f for t, f in sys._current_frames().items() if t != me and _TF_DIR in f.f_code.co_filename)
+
+
+def _settle_watch():
+    """A failed step's wait will not end: count it as ended (an elastic reset goes on)."""
+    if "v" in _WATCH:
+        begun, ended = _WATCH["v"]
+        ended.assign(begun)
 
 
 class TFBackend:
@@ -78,8 +113,34 @@ class TFBackend:
     tensor_types = (tf.Tensor, tf.Variable)  # what horovod.tensorflow's compressors take
 
     @staticmethod
+    def collective_input(x):
+        """What horovod.tensorflow.keras makes of a collective's value: ``tf.constant(value)``
+        (numpy arrays, Python numbers and lists; a Keras variable by its value)."""
+        if isinstance(x, (tf.Tensor, tf.Variable)):
+            return x
+        return tf.convert_to_tensor(x.value) if hasattr(x, "path") and hasattr(x, "value") else tf.constant(x)
+
+    @staticmethod
     def tracing():
         return not tf.executing_eagerly()
+
+    @staticmethod
+    def watch(dog, name, grads, fn):
+        """``fn(grads)`` (a list of gradients -> a list) with its collectives under the stall
+        watchdog ``dog``. They wait inside TensorFlow's executor, not in a Python call, so the
+        step counts the waits it begins and ends in two host variables (before any collective
+        starts: the gradients depend on it; after every result is there: they depend on it),
+        and the watchdog's thread reads them (``StallWatchdog.poll``)."""
+        if dog.timeout_s <= 0:
+            return fn(grads)
+        begun, ended = _watch_counters(dog, name)
+        with tf.control_dependencies([begun.assign_add(1)]):
+            grads = [g if g is None else tf.identity(g) for g in grads]
+        out = fn(grads)
+        with tf.control_dependencies([t for t in tf.nest.flatten(out, expand_composites=True) if t is not None]):
+            done = ended.assign_add(1)
+        with tf.control_dependencies([done]):
+            return [o if o is None else tf.identity(o) for o in out]
 
     @staticmethod
     def is_sparse(g):
@@ -133,14 +194,16 @@ class TFBackend:
         """Horovod's elastic ``run`` for TF. Horovod 0.28.1's TF version turns a failed collective
         into a reset only when the TF error names HorovodAllreduce, HorovodAllgather or
         HorovodBroadcast, and otherwise swallows the error and returns as if training had
-        finished. hvdp's two-phase codecs use HorovodAlltoall, so here every failed Horovod op
-        resets, and any other error propagates."""
+        finished. hvdp's ops are named hvdp.* and its two-phase codecs use HorovodAlltoall, and a
+        peer killed mid-collective can surface as Gloo's bare transport error; so here every
+        failed Horovod op resets (``collective_failed``), and any other error propagates."""
         @functools.wraps(func)
         def wrapper(state, *args, **kwargs):
             try:
                 return func(state, *args, **kwargs)
             except tf.errors.OpError as e:
-                if "Horovod" in (e.message or ""):
+                _settle_watch()
+                if collective_failed(e.message):
                     raise HorovodInternalError(e) from e
                 raise
 

@@ -57,27 +57,6 @@ class Buffer:
         self.t.zero_()
 
 
-def numpy_friendly(fn):
-    """A horovod.torch collective that also takes numpy arrays (as horovod.tensorflow's do): a
-    numpy input, or a list of them for the grouped forms, goes in as a CPU tensor and comes back
-    as numpy."""
-    def as_tensor(x):
-        return torch.from_numpy(np.ascontiguousarray(x)) if isinstance(x, np.ndarray) else x
-
-    def wrapped(tensor, *args, **kwargs):
-        grouped = isinstance(tensor, (list, tuple))
-        given = list(tensor) if grouped else [tensor]
-        if not any(isinstance(x, np.ndarray) for x in given):
-            return fn(tensor, *args, **kwargs)
-        out = fn([as_tensor(x) for x in given] if grouped else as_tensor(tensor), *args, **kwargs)
-        if grouped:
-            return [o.numpy() if isinstance(x, np.ndarray) else o for o, x in zip(out, given)]
-        return out.numpy()
-    wrapped.__name__, wrapped.__doc__ = fn.__name__, fn.__doc__
-    wrapped.__wrapped__ = fn
-    return wrapped
-
-
 class TorchBackend:
     name = "torch"
     hvd = hvd
@@ -90,8 +69,24 @@ class TorchBackend:
     tensor_types = (torch.Tensor,)  # what horovod.torch's compressors take
 
     @staticmethod
+    def collective_input(x):
+        """A torch tensor for horovod.torch's collectives, which take tensors only: numpy arrays,
+        Python numbers and lists as CPU tensors (``torch.as_tensor``), a Keras variable by its value."""
+        if isinstance(x, torch.Tensor):
+            return x
+        if hasattr(x, "path") and hasattr(x, "value"):  # a Keras variable
+            return x.value.detach()
+        return torch.as_tensor(np.ascontiguousarray(x) if isinstance(x, np.ndarray) else x)
+
+    @staticmethod
     def tracing():
         return False
+
+    @staticmethod
+    def watch(dog, name, grads, fn):
+        """``fn(grads)``: its waits are already under the stall watchdog (horovod.torch's, through
+        ``TorchCollectives``)."""
+        return fn(grads)
 
     @staticmethod
     def init_scope():

@@ -5,11 +5,14 @@ import numpy as np
 
 from hvdp import __version__, agreement
 from hvdp.failures import FailureReporter
+from hvdp.watchdog import StallWatchdog
 
 from .backend import BACKEND as B
 
 VERSIONS = {"hvdp": __version__, "horovod": horovod.__version__}
 REPORTER = FailureReporter.for_horovod(B.hvd)
+# the TensorFlow backend's waits (B.watch); on torch, horovod.torch's watchdog times them
+WATCHDOG = StallWatchdog(None, B.hvd.rank, B.hvd.size, REPORTER, B.hvd.shutdown)
 
 
 def allgather_fixed(process_set=B.hvd.global_process_set):

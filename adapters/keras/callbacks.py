@@ -83,8 +83,8 @@ def _check_steps_agree(model, params):
                      f"({', '.join(f'rank {r}: {s}' for r, s in enumerate(every))}): the ranks would "
                      f"hang at the end of the epoch. Fix: pass steps_per_epoch={min(every)} to "
                      f"model.fit on every rank (or shards of equal length), or add "
-                     f"hvd.callbacks.JoinCallback() to callbacks (with "
-                     f"hvd.DistributedOptimizer(..., uneven_inputs=True) for int8/bf16/topk)")
+                     f"hvd.callbacks.JoinCallback() to callbacks (it works with every codec, "
+                     f"unless the optimizer was made with uneven_inputs=False or hierarchical=True)")
 
 
 class MetricAverageCallback(keras.callbacks.Callback):
@@ -92,11 +92,13 @@ class MetricAverageCallback(keras.callbacks.Callback):
 
     Put it before callbacks that read the logs (checkpoints, early stopping, CSV logger).
     ``process_set`` (hvdp; e.g. ``mesh.dp``): the average over that set's ranks only.
+    ``device`` (Horovod's: where TF places the averaging op) is accepted and changes nothing:
+    the metrics are host numbers here.
     """
 
-    def __init__(self, process_set=None):
+    def __init__(self, device="", process_set=None):
         super().__init__()
-        self.process_set = process_set
+        self.device, self.process_set = device, process_set
 
     def on_epoch_end(self, epoch, logs=None):
         if not logs:

@@ -4,10 +4,14 @@ A ``.keras`` file is a zip archive; rank 0 writes the model (with its optimizer 
 does, adds every rank's residuals beside it (``hvdp/residuals.json`` + ``hvdp/residuals.npz``,
 ignored by stock ``keras.models.load_model``) and renames the whole into place atomically. On
 load (``saving``: ``hvd.load_model``, ``hvd.load_checkpoint``; it imports this module, not the
-other way round) each rank takes its own residuals back; at another number of workers the rule
-of ``hvdp.twophase.TwoPhaseReducer.load_state_dict`` applies (a worker residual is kept where its
-padded bucket length is unchanged, the server residual restarts from zero), and a rank that did
-not exist when saving starts from zero.
+other way round) each rank takes its own residuals back. Nothing is unpickled: ``extra`` is
+JSON, the arrays are read with ``allow_pickle=False``, the model by Keras in its safe mode.
+
+**At another number of workers** the rule is the core's, the same as in ``hvdp.torch.checkpoint``:
+rank r takes what rank r saved, and its reducer's ``load_state_dict`` keeps what still fits
+(``hvdp.twophase.TwoPhaseReducer.load_state_dict``: a worker residual is kept where its padded
+bucket length is unchanged, the server residual, which belongs to this rank's chunk, restarts
+from zero); a rank that did not exist when saving starts from zero.
 """
 import io
 import json

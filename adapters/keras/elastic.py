@@ -66,11 +66,14 @@ class KerasState(ObjectState):
     def _reducer(self):
         return getattr(self.optimizer, "_hvdp", None)
 
-    def save(self):
+    def _snapshot(self):
         red = self._reducer()
-        self._saved_vars = ([keras.ops.convert_to_numpy(v) for v in self._shared_variables()],
-                            red.residual_state() if red is not None else None,
-                            self.sampler.state_dict() if self.sampler is not None else None)
+        return ([keras.ops.convert_to_numpy(v) for v in self._shared_variables()],
+                red.residual_state() if red is not None else None,
+                self.sampler.state_dict() if self.sampler is not None else None)
+
+    def save(self):
+        self._saved_vars = self._snapshot()
         super().save()
 
     def restore(self):
@@ -101,3 +104,14 @@ class KerasState(ObjectState):
         if self.sampler is not None:
             self.sampler.load_state_dict(_hvd.broadcast_object(self.sampler.state_dict(), root_rank=0))
         super().sync()
+        # what a later restore() goes back to is the synced state, as in Horovod (it saves after
+        # its broadcast): else a rank would restore its own pre-sync weights and differ from rank 0
+        self._saved_vars = self._snapshot()
+
+
+class TensorFlowKerasState(KerasState):
+    """Horovod's name for the Keras elastic state (``backend``, Horovod's Keras-2 backend module,
+    has no meaning on Keras 3 and is ignored)."""
+
+    def __init__(self, model, optimizer=None, backend=None, **kwargs):
+        super().__init__(model, optimizer, **kwargs)

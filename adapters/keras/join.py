@@ -23,12 +23,13 @@ def joined_cond(comm, all_active, some_joined):
 
 
 def _refuse_unless_ready():
-    # a tape has no uneven_inputs: its two-phase buckets refuse
-    reducers = [opt._hvdp for opt in OPTIMIZERS.alive()] + list(TAPE_REDUCERS.values())
-    for red in reducers:
+    # a tape has no join control: its two-phase buckets refuse
+    reducers = ([(opt._hvdp, None) for opt in OPTIMIZERS.alive()]
+                + [(red, "tape") for red in TAPE_REDUCERS.values()])
+    for red, why in reducers:
         eng = red.engine
         if eng.uses_two_phase and not eng.settings.uneven_inputs:
-            raise JoinRefused(refusal(eng.reducer_codec_name(), "keras"))
+            raise JoinRefused(refusal(eng.reducer_codec_name(), "keras", why or eng.settings.join_off))
 
 
 def join(extra_variables=(), optimizers=None) -> int:
@@ -37,8 +38,10 @@ def join(extra_variables=(), optimizers=None) -> int:
 
     Every hvdp optimizer's variables (or those of ``optimizers`` when given), the trainable
     variables they update, and ``extra_variables`` are then broadcast from the last rank to
-    join, so all ranks are identical. An optimizer with int8/bf16/topk buckets made without ``uneven_inputs=True``
-    makes this raise :class:`hvdp.join.JoinRefused`.
+    join, so all ranks are identical. An optimizer whose join control is off while it has
+    bf16/int8/int4/topk buckets (created with ``uneven_inputs=False`` or ``hierarchical=True``), or
+    a ``DistributedGradientTape`` with such a codec, makes this raise
+    :class:`hvdp.join.JoinRefused`, saying why.
 
     Example::
 
@@ -75,13 +78,13 @@ class JoinCallback(keras.callbacks.Callback):
     from the last rank to join. It joins at the last batch's end, before validation and before
     any callback's ``on_epoch_end`` (``MetricAverageCallback``'s allreduce), so its place in the
     list does not matter; only when fit cannot tell the number of steps (a dataset of unknown
-    length) does it join at ``on_epoch_end``, and must then come first. With int8/bf16/topk,
-    create the optimizer with ``uneven_inputs=True``.
+    length) does it join at ``on_epoch_end``, and must then come first. Every codec works with the
+    optimizer's default ``uneven_inputs`` (not with ``uneven_inputs=False`` or ``hierarchical=True``
+    and a two-phase codec: refused at ``fit``'s start).
 
     Example::
 
-        opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.01), compression="int8",
-                                       uneven_inputs=True)
+        opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.01), compression="int8")
         model.fit(x[hvd.rank()::hvd.size()], y[hvd.rank()::hvd.size()],
                   callbacks=[hvd.callbacks.JoinCallback(),
                              hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
@@ -97,10 +100,9 @@ class JoinCallback(keras.callbacks.Callback):
             raise ValueError("hvd.callbacks.JoinCallback needs the model compiled with an hvdp.keras "
                              "DistributedOptimizer")
         eng = red.engine
-        if eng.two_phase and not eng.settings.uneven_inputs and eng.comm.size > 1:
-            raise ValueError(f"hvd.callbacks.JoinCallback with {eng.reducer_codec_name()} compression needs the "
-                             "optimizer made with hvd.DistributedOptimizer(..., uneven_inputs=True) "
-                             "on every rank")
+        if (eng.two_phase or eng.settings.hierarchical) and not eng.settings.uneven_inputs and eng.comm.size > 1:
+            raise ValueError("hvd.callbacks.JoinCallback cannot work here: "
+                             + refusal(eng.reducer_codec_name(), "keras", eng.settings.join_off))
 
     def on_epoch_begin(self, epoch, logs=None):
         self._joined = False

@@ -94,7 +94,7 @@ class _Distributed:
 
 
 def make_reducer(compression, policy, op, gradient_predivide_factor, sparse_as_dense, process_set, prefix,
-                 backward_passes_per_step=1, uneven_inputs=False, extra=(), hierarchical=False):
+                 backward_passes_per_step=1, uneven_inputs=None, extra=(), hierarchical=False):
     """The settings checked and frozen, and the reducer that drives the engine with them."""
     codec, hvd_compressor = resolve(compression)
     if is_low_rank(codec) and not hasattr(B.ops, "orthonormalize"):
@@ -105,25 +105,28 @@ def make_reducer(compression, policy, op, gradient_predivide_factor, sparse_as_d
     settings = ReduceSettings(codec, CompressionPolicy() if policy is None else policy,
                               op=SUM if op == _hvd.Sum else AVERAGE, predivide=gradient_predivide_factor,
                               backward_passes=backward_passes_per_step, sparse_as_dense=sparse_as_dense,
-                              uneven_inputs=bool(uneven_inputs), compressor=compressor_name(hvd_compressor),
+                              uneven_inputs=None if uneven_inputs is None else bool(uneven_inputs),
+                              compressor=compressor_name(hvd_compressor),
                               extra=tuple(extra), hierarchical=bool(hierarchical))
     return GradientReducer(settings, hvd_compressor, process_set, prefix)
 
 
-def DistributedOptimizer(optimizer, name=None, compression="none", backward_passes_per_step=1,
-                         average_aggregated_gradients=False, op=_hvd.Average,
-                         gradient_predivide_factor=1.0, sparse_as_dense=False,
-                         process_set=_hvd.global_process_set, policy=None, uneven_inputs=False,
-                         hierarchical=False, device_dense="", device_sparse="", num_groups=0, groups=None,
-                         scale_local_gradients=True):
+def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="", compression="none",
+                         sparse_as_dense=False, gradient_predivide_factor=1.0, op=_hvd.Average,
+                         backward_passes_per_step=1, average_aggregated_gradients=False, num_groups=0,
+                         groups=None, process_set=_hvd.global_process_set, scale_local_gradients=True,
+                         policy=None, uneven_inputs=None, hierarchical=False):
     """Make a Keras 3 optimizer average gradients across workers before each update.
 
     ``compression``: "none", "fp16", "bf16", "int8", "topk", an ``hvd.Compression`` member, a
     codec, or a Horovod ``Compressor`` (compress, sum, decompress, as in Horovod).
     ``backward_passes_per_step=k`` accumulates k batches locally before one reduction
-    and update (``average_aggregated_gradients`` divides the sum by k). ``uneven_inputs=True``:
+    and update (``average_aggregated_gradients`` divides the sum by k). ``uneven_inputs``:
     ranks with fewer batches may call ``hvd.join()`` (or use ``hvd.callbacks.JoinCallback`` in
-    ``fit``) with any codec; one tiny allreduce per step says whether someone has joined.
+    ``fit``) with any codec; with bf16/int8/int4/topk one tiny allreduce per step says whether
+    someone has joined. None (default): on wherever supported, off with ``hierarchical=True``
+    (``hvd.join()`` then raises ``hvd.JoinRefused`` saying why); True: insist (an error where
+    unsupported); False: off (no per-step control; ``hvd.join()`` with a two-phase codec is refused).
     ``hierarchical=True``: float32 inside each node, the codec between nodes (``hvdp.hierarchy``;
     needs process sets: ``hvd.init(process_sets="dynamic")`` or ``hvd.hierarchical_process_sets()``).
 

@@ -5,7 +5,7 @@ import keras
 
 from hvdp.engine import Engine
 
-from .agreement import VERSIONS, allgather_fixed, variable_entries
+from .agreement import VERSIONS, WATCHDOG, allgather_fixed, variable_entries
 from .backend import BACKEND as B
 from .join import joined_cond
 from .localvars import LocalVariables
@@ -86,11 +86,13 @@ class GradientReducer:
                  for g, s, n in zip(grads, eng.shapes, eng.numels)]
         eng.begin_step(grads[0] if grads else None)
         warm = eng.settings.policy.warmup_steps
-        if warm == 0 or step is None:
-            out = self._compressed(grads)
-        else:
-            out = keras.ops.cond(step >= warm, lambda: self._compressed(grads),
-                                 lambda: eng.reduce(grads, False))
+
+        def run(grads):
+            if warm == 0 or step is None:
+                return self._compressed(grads)
+            return keras.ops.cond(step >= warm, lambda: self._compressed(grads),
+                                  lambda: eng.reduce(grads, False))
+        out = B.watch(WATCHDOG, "hvdp.keras's gradient reduction", grads, run)
         eng.end_step()
         return out
 

@@ -13,13 +13,16 @@ from .checkpoint import read_residuals, restore_residuals
 from .optimizer import DistributedOptimizer
 
 
-def load_model(filepath, custom_optimizers=None, custom_objects=None, compression="none", **kwargs):
+def load_model(filepath, custom_optimizers=None, custom_objects=None, compression="none", legacy_opts=False,
+               **kwargs):
     """Load a model saved with ``model.save`` or ``hvd.callbacks.ModelCheckpoint`` and wrap its
     optimizer (variables and step count as saved) in ``hvd.DistributedOptimizer``.
 
     ``custom_optimizers``: optimizer classes the file names but Keras cannot find (as Horovod);
     ``custom_objects``: passed to ``keras.models.load_model``; ``compression`` and ``kwargs``
-    (``backward_passes_per_step``, ``op``, ...): passed to ``DistributedOptimizer``. A file written
+    (``backward_passes_per_step``, ``op``, ...): passed to ``DistributedOptimizer``.
+    ``legacy_opts`` (Horovod's: tf-keras 2's legacy optimizers) has no meaning on Keras 3 and is
+    ignored. A file written
     by ``hvd.callbacks.ModelCheckpoint`` or ``hvd.save_checkpoint`` gives each rank its own
     error-feedback residuals back (same codec; see ``hvdp.keras.checkpoint`` for another number
     of workers); other files start them at zero.

@@ -1,17 +1,21 @@
-"""The ranks-agree check's collective and failure reports on horovod.torch; the logic is the
-core's (``hvdp.agreement``, ``hvdp.failures``; an optimizer's description is its engine's)."""
+"""The ranks-agree check's collective, failure reports and the stall watchdog on horovod.torch;
+the logic is the core's (``hvdp.agreement``, ``hvdp.failures``, ``hvdp.watchdog``; an optimizer's
+description is its engine's)."""
 import horovod
 import horovod.torch as _hvd
 import torch
 
 from hvdp import __version__, agreement
 from hvdp.failures import FailureReporter
+from hvdp.watchdog import StallWatchdog
 
 from .tensors import broadcast_
 
 VERSIONS = {"hvdp": __version__, "horovod": horovod.__version__}
 # An elastic survivor resets at once: it does not wait for another rank's report.
 REPORTER = FailureReporter.for_horovod(_hvd, elastic_wait_s=0.0)
+# A deadline on hvdp's waits (HVDP_STALL_TIMEOUT_SECONDS): a stalled rank ends the job, over Gloo too.
+WATCHDOG = StallWatchdog(None, _hvd.rank, _hvd.size, REPORTER, _hvd.shutdown)
 
 
 def allgather_fixed(process_set=_hvd.global_process_set):

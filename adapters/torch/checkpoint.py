@@ -1,8 +1,20 @@
 """Checkpoints for data-parallel torch training: rank 0 writes, atomically; every rank resumes.
 
 hvdp's error-feedback residuals differ per rank, so each rank's are gathered into the file and
-each rank takes its own back (with a different number of workers they restart from zero).
+each rank takes its own back. **At another number of workers** the rule is the core's, the same
+as in ``hvdp.keras.checkpoint``: rank r takes what rank r saved, and its reducer's
+``load_state_dict`` keeps what still fits (``hvdp.twophase.TwoPhaseReducer.load_state_dict``:
+a worker residual is kept where its padded bucket length is unchanged, the server residual,
+which belongs to this rank's chunk, restarts from zero); a rank that did not exist when saving
+starts from zero (its step count, the warm-up, is rank 0's: the same on every rank).
+
+Loading is safe by default: ``torch.load(..., weights_only=True)`` only rebuilds tensors and
+plain containers (dicts, lists, numbers, strings), so a file from a shared directory cannot run
+code. ``load_checkpoint(..., weights_only=False)`` also unpickles other objects (e.g. an ``extra``
+value of your own class): only for files you trust.
 """
+import pickle
+
 import horovod.torch as _hvd
 import torch
 
@@ -11,6 +23,9 @@ from hvdp.checkpoint import atomic_write
 
 def save_checkpoint(path, model, optimizer=None, **extra):
     """Collective: call on every rank. Rank 0 writes ``path`` (temporary file, fsync, rename).
+
+    ``extra`` values made of tensors, numbers, strings, lists and dicts load back with the safe
+    default of :func:`load_checkpoint`; other objects need ``weights_only=False`` there.
 
     Example::
 
@@ -27,19 +42,42 @@ def save_checkpoint(path, model, optimizer=None, **extra):
     _hvd.broadcast_object(None, root_rank=0, name="hvdp.ckpt.done")  # rank 0 is done writing
 
 
-def load_checkpoint(path, model, optimizer=None, map_location="cpu"):
+def own_state(per_rank, rank):
+    """What rank ``rank`` loads from the saved ranks' ``per_rank`` states (see the module's rule)."""
+    if rank < len(per_rank):
+        return per_rank[rank]
+    return dict(per_rank[0], reducer={})  # no codec named: every residual from zero
+
+
+def _reason(err):
+    """The line of torch's refusal that names what was refused (its first is generic)."""
+    lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
+    named = [ln for ln in lines if "Unpickler error" in ln or "Unsupported" in ln]
+    return (named or lines or [type(err).__name__])[0]
+
+
+def load_checkpoint(path, model, optimizer=None, map_location="cpu", weights_only=True):
     """Every rank reads ``path`` and restores model, optimizer and its own residuals.
+
+    ``weights_only=True`` (default) refuses to unpickle anything but tensors and plain
+    containers; pass ``weights_only=False`` only for a file you trust.
 
     Returns the ``extra`` values given to :func:`save_checkpoint`.
     """
-    state = torch.load(path, map_location=map_location, weights_only=False)
+    try:
+        state = torch.load(path, map_location=map_location, weights_only=weights_only)
+    except pickle.UnpicklingError as e:
+        if not weights_only:
+            raise
+        raise pickle.UnpicklingError(
+            f"hvd.load_checkpoint('{path}'): the safe loader (torch.load(weights_only=True)) refused "
+            f"an object in the file ({_reason(e)}). If you trust the file (loading it can run "
+            f"code), pass load_checkpoint(..., weights_only=False).") from e
     model.load_state_dict(state["model"])
     if optimizer is not None and state["optimizer"] is not None:
         opt_state = dict(state["optimizer"])
         per_rank = state.get("hvdp_per_rank")
         if per_rank is not None:
-            same_world = state["size"] == _hvd.size()
-            mine = per_rank[_hvd.rank()] if same_world else dict(per_rank[0], reducer=None)
-            opt_state["hvdp"] = mine
+            opt_state["hvdp"] = own_state(per_rank, _hvd.rank())
         optimizer.load_state_dict(opt_state)
     return state.get("extra", {})

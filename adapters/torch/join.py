@@ -7,6 +7,7 @@ import torch
 
 from hvdp.join import CONTROL_NAME, JoinRefused, Registry, refusal, someone_joined
 
+from .comm import synchronize
 from .functions import broadcast_optimizer_state
 from .tensors import broadcast_
 
@@ -14,7 +15,8 @@ OPTIMIZERS = Registry()  # every hvdp DistributedOptimizer, in creation order
 
 
 class StepControl:
-    """A 1 summed over the ranks once per step (``uneven_inputs=True``): a joined rank adds the
+    """A 1 summed over the ranks once per step (the join control, on by default for two-phase
+    codecs; ``uneven_inputs``): a joined rank adds the
     zero Horovod's join gives it, so every active rank learns the same "someone has joined".
 
     Submitted at the step's first gradient hook; waited on before the first two-phase bucket
@@ -42,14 +44,14 @@ class StepControl:
                 self._joined = False
             else:
                 self.begin()
-                _hvd.synchronize(self._handle)
+                synchronize(self._handle, self._comm.scope + CONTROL_NAME)
                 self._handle = None
                 self._joined = someone_joined(self._flag.item(), self._comm.size)
         return self._joined
 
     def end_step(self):
         if self._handle is not None:  # every active rank submitted it: wait for it here
-            _hvd.synchronize(self._handle)
+            synchronize(self._handle, self._comm.scope + CONTROL_NAME)
         self.reset()
 
 
@@ -67,12 +69,14 @@ def join(device: int = -1) -> int:
     """Horovod's ``join`` (this rank has run out of data; the others go on, and this call returns
     once every rank has joined), made safe for hvdp's codecs.
 
-    With every hvdp optimizer created with ``uneven_inputs=True`` (or using no two-phase codec),
-    the active ranks reduce as Horovod does with joined ranks (sum of the active ranks divided by
-    the size); afterwards every optimizer's parameters and state are broadcast from the last rank
-    to join, so all ranks are identical. Buffers the optimizer does not hold (e.g. BatchNorm
-    statistics) are the caller's to broadcast. An optimizer with int8/bf16/topk buckets and
-    without ``uneven_inputs=True`` makes this raise :class:`hvdp.join.JoinRefused`.
+    With hvdp's optimizers as created by default (any codec, a flat reduction), the active ranks
+    reduce as Horovod does with joined ranks (sum of the active ranks divided by the size);
+    afterwards every optimizer's parameters and state are broadcast from the last rank to join,
+    so all ranks are identical. Buffers the optimizer does not hold (e.g. BatchNorm statistics)
+    are the caller's to broadcast. An optimizer whose join control is off while it has
+    bf16/int8/int4/topk (or powersgd, or two-level) buckets makes this raise
+    :class:`hvdp.join.JoinRefused`, saying why: created with ``uneven_inputs=False``, powersgd,
+    or ``hierarchical=True``.
 
     Example::
 
@@ -91,7 +95,7 @@ def join(device: int = -1) -> int:
     for opt in opts:
         eng = opt.engine
         if not eng.settings.uneven_inputs and eng.uses_two_phase:
-            raise JoinRefused(refusal(eng.reducer_codec_name(), "torch"))
+            raise JoinRefused(refusal(eng.reducer_codec_name(), "torch", eng.settings.join_off))
     if device == -1:  # Horovod's default is the CPU; the zeros must be where the gradients are
         device = next((p.device.index for o in opts for g in o.param_groups for p in g["params"]
                        if p.device.type == "cuda"), -1)

@@ -276,7 +276,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
                          backward_passes_per_step=1, op=_hvd.Average, gradient_predivide_factor=1.0,
                          num_groups=0, groups=None, sparse_as_dense=False,
                          process_set=_hvd.global_process_set, policy=None, compile_codecs=None,
-                         uneven_inputs=False, hierarchical=False):
+                         uneven_inputs=None, hierarchical=False):
     """Wrap a torch optimizer so each step averages gradients across workers first.
 
     Horovod's arguments keep Horovod's meaning. ``compression`` also takes a codec name
@@ -285,8 +285,12 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     codec per bucket, see ``hvdp.auto``); ``policy`` an
     :class:`hvdp.CompressionPolicy` (size threshold, name patterns, warm-up, fusion, error feedback);
     ``compile_codecs`` fuses the codec with torch.compile (default: env ``HVDP_COMPILE_CODECS=1``);
-    ``uneven_inputs=True`` lets ranks with fewer batches call ``hvd.join()`` with any codec (one
-    tiny allreduce per step tells the ranks whether someone has joined; see ``hvdp.join``);
+    ``uneven_inputs``: ranks with fewer batches may call ``hvd.join()`` with any codec (with a
+    bf16/int8/int4/topk codec one tiny allreduce per step tells the ranks whether someone has
+    joined; see ``hvdp.join``). None (default): on wherever supported, off with
+    ``hierarchical=True`` or powersgd (``hvd.join()`` then raises ``hvd.JoinRefused`` saying why);
+    True: insist (an error where unsupported); False: off (Horovod's behaviour, no per-step
+    control; ``hvd.join()`` with a two-phase codec is refused);
     ``hierarchical=True`` reduces in two levels: float32 inside each node, the codec between
     nodes (``hvdp.hierarchy``; needs Horovod's process sets: ``hvd.init(process_sets="dynamic")``
     or ``hvd.init(process_sets=hvd.hierarchical_process_sets())``).
@@ -315,7 +319,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     settings = ReduceSettings(codec, CompressionPolicy() if policy is None else policy,
                               op=SUM if op == _hvd.Sum else AVERAGE, predivide=gradient_predivide_factor,
                               backward_passes=backward_passes_per_step, sparse_as_dense=sparse_as_dense,
-                              uneven_inputs=bool(uneven_inputs),
+                              uneven_inputs=None if uneven_inputs is None else bool(uneven_inputs),
                               compressor=compressor_name(hvd_compressor),
                               instance=next_instance(process_set), hierarchical=bool(hierarchical))
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_DistributedOptimizer.__dict__))

@@ -10,6 +10,7 @@ import torch
 
 from hvdp.collectives import SUM
 
+from .comm import synchronize
 from .tensors import SUMMABLE, for_sum, write_back
 
 
@@ -20,11 +21,13 @@ class Pending(NamedTuple):
     sent: torch.Tensor       # the compressed gradient
     ctx: Any                 # the compressor's context
     dtype: torch.dtype
+    name: str                # the collective's name (the stall watchdog's message)
 
 
 class SparsePending(NamedTuple):
     handle: Any
     dtype: torch.dtype
+    name: str
 
 
 class TorchPlain:
@@ -51,7 +54,7 @@ class TorchPlain:
             g = grads[0]
             v = g if g.dtype in SUMMABLE else g.float()  # bf16 values travel as float32
             h = _hvd.sparse_allreduce_async(v, name=name, op=self.op, process_set=self.comm.process_set)
-            return [(SparsePending(h, g.dtype), 4 * g.numel())]
+            return [(SparsePending(h, g.dtype, name), 4 * g.numel())]
         tensors, sent, ctxs = [], [], []
         for g in grads:
             if self.compressor is not None:
@@ -72,16 +75,16 @@ class TorchPlain:
         else:
             h = _hvd.allreduce_async_(tensors[0], name=name, **kw)
         waited = [False]
-        return [(Pending(h, waited, s, t, ctx, g.dtype), t.numel() * t.element_size())
+        return [(Pending(h, waited, s, t, ctx, g.dtype, name), t.numel() * t.element_size())
                 for s, t, ctx, g in zip(tensors, sent, ctxs, grads)]
 
     def finish(self, pend) -> torch.Tensor:
         if isinstance(pend, SparsePending):  # Horovod hands back a function to call
             h = pend.handle
-            return (h() if callable(h) else _hvd.synchronize(h)).to(pend.dtype)
+            return synchronize(h, pend.name).to(pend.dtype)
         if not pend.waited[0]:
             pend.waited[0] = True
-            _hvd.synchronize(pend.handle)
+            synchronize(pend.handle, pend.name)
         write_back(pend.sent, pend.stand_in)
         if self.compressor is not None:
             return self.compressor.decompress(pend.sent, pend.ctx)

@@ -14,6 +14,8 @@ from typing import List, Optional, Sequence
 import horovod.torch as _hvd
 import torch
 
+from .comm import synchronize
+
 
 class Presence:
     def __init__(self, comm):
@@ -35,7 +37,7 @@ class Presence:
 
     def finish_previous(self) -> None:
         if self._handle is not None:  # one name in flight at a time
-            _hvd.synchronize(self._handle)
+            synchronize(self._handle, self._comm.scope + "hvdp#present")
             self._handle = None
 
     def nobody_had(self, indices: Sequence[int]) -> List[bool]:

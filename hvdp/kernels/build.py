@@ -1,6 +1,7 @@
 """Compile a kernel's C source once with the system C compiler and cache the shared library.
 
-The library lands in ``~/.cache/hvdp/kernels/<key>/`` (``$XDG_CACHE_HOME`` respected), the key
+The library lands in ``~/.cache/hvdp/kernels/<key>/`` (``$XDG_CACHE_HOME`` respected;
+``$HVDP_CACHE_DIR/kernels/<key>/`` where ``HVDP_CACHE_DIR`` is set), the key
 being a hash of the source, the compiler (path and version), the flags and, since the code is
 compiled for this CPU (``-march=native``), the CPU's model and flags: a home directory shared by
 different machines gets one library per kind of CPU. Each process compiles to its own temporary
@@ -27,6 +28,7 @@ import warnings
 from functools import lru_cache
 from typing import Iterator, List, Tuple
 
+from ..config import cache_dir
 from ..private import Refused, private_dir, refusal
 from .base import Unavailable
 
@@ -34,18 +36,27 @@ BASE_FLAGS = ("-O3", "-std=c99", "-fno-strict-aliasing", "-ffp-contract=off", "-
 ARCH_FLAGS = ("-march=native",)
 
 
-def _cache_base() -> str:
-    return os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+def _cache_base() -> Tuple[str, Tuple[str, ...]]:
+    """(anchor, hvdp's directories under it) of the kernel cache: ``$HVDP_CACHE_DIR/kernels``
+    where that is set (it moves every cache of hvdp's), else ``~/.cache/hvdp/kernels``
+    (``$XDG_CACHE_HOME`` respected)."""
+    moved = cache_dir()
+    if moved:
+        return moved, ("kernels",)
+    return (os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
+            ("hvdp", "kernels"))
 
 
 def cache_root() -> str:
-    return os.path.join(_cache_base(), "hvdp", "kernels")
+    anchor, parts = _cache_base()
+    return os.path.join(anchor, *parts)
 
 
 def places(key: str) -> List[Tuple[str, Tuple[str, ...]]]:
     """Where the library of ``key`` may live, in order: (anchor, the directories hvdp controls
     under it). The user's cache, then a per-user directory in tmp."""
-    return [(_cache_base(), ("hvdp", "kernels", key)),
+    anchor, parts = _cache_base()
+    return [(anchor, parts + (key,)),
             (tempfile.gettempdir(), (f"hvdp-kernels-{os.geteuid()}", key))]
 
 

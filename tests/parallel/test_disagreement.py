@@ -120,24 +120,70 @@ def test_torch_rank_that_exits_early(controller):
     assert 0 in errs and "no other rank reported an error" in errs[0][1], out[-4000:]
 
 
-# Measured here (Horovod 0.28.1): the stall inspector warns and shuts down over MPI, but over
-# Gloo it never fires (no warning, no shutdown; also with HOROVOD_CACHE_CAPACITY=0 and for a
-# tensor never seen before): the stalled rank is simply waited for. Strict: if a Horovod
-# release fixes it, this test says so.
-GLOO_STALL = pytest.mark.xfail(strict=True, reason="Horovod 0.28.1's stall inspector does not run over Gloo")
-
-
-@pytest.mark.parametrize("controller", [pytest.param("gloo", marks=GLOO_STALL), "mpi"])
-def test_torch_stall_ends_with_missing_rank_and_tensor(controller):
-    # rank 1 stalls (a long evaluation on one rank); the inspector must end it at ~6 s. Over Gloo
-    # (the expected failure) 15 s, well past that, show it never fired without paying 40 s of CI
+# Horovod 0.28.1's stall inspector shuts a job down over MPI (with
+# HOROVOD_STALL_SHUTDOWN_TIME_SECONDS), but over Gloo it never fires (measured: no warning, no
+# shutdown, also with HOROVOD_CACHE_CAPACITY=0 and for a tensor never seen before). hvdp's watchdog
+# (hvdp/watchdog.py) ends the stall over either controller.
+def test_torch_stall_ends_with_missing_rank_and_tensor_mpi():
+    # rank 1 stalls (a long evaluation on one rank); the inspector must end it at ~6 s, before
+    # hvdp's watchdog (default 600 s)
     env = {"HOROVOD_STALL_CHECK_TIME_SECONDS": "2", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "5",
-           "STALL_S": "15" if controller == "gloo" else "40"}
-    out, errs = run_case("disagree_torch.py", "stall", controller, env=env)
+           "STALL_S": "40"}
+    out, errs = run_case("disagree_torch.py", "stall", "mpi", env=env)
     # Horovod's stall inspector on rank 0 (the coordinator) names the missing rank and tensors
     assert "Missing ranks:" in out and "Will shutdown" in out, out[-4000:]
     assert re.search(r"\b1!?: \[[^\]]*\d\.(weight|bias)", out), out[-4000:]
     assert 0 in errs and "stall inspector" in errs[0][1], out[-4000:]
+
+
+WATCHDOG_S = 4
+
+
+@pytest.mark.parametrize("controller", ["gloo"])
+def test_torch_stall_watchdog_names_the_rank_that_did_not_arrive(controller):
+    # rank 1 sleeps past the deadline and then calls step(): rank 0's watchdog fires at ~4 s and
+    # names rank 1; rank 1, back while rank 0 lingers, is told why Horovod is down. Horovod's
+    # inspector is given no shutdown time (its default), so only the watchdog can end the job.
+    env = {"HVDP_STALL_TIMEOUT_SECONDS": str(WATCHDOG_S), "STALL_S": str(WATCHDOG_S + 1.5)}
+    out, errs = run_case("disagree_torch.py", "stall", controller, env=env)
+    assert set(errs) == {0, 1}, f"not every rank reported:\n{out[-4000:]}"
+    tp, msg = errs[0]
+    assert tp == "StallError", (tp, msg)
+    assert f"rank 0 waited {WATCHDOG_S} s at hvdp.opt0." in msg and "rank 1 did not arrive" in msg, msg
+    assert "HVDP_STALL_TIMEOUT_SECONDS" in msg, msg          # names the setting
+    assert WATCHDOG_S <= AFTER[0] < WATCHDOG_S + 10, (AFTER, out[-3000:])  # seconds from run() to the error
+    # rank 1 learns the cause from the board, not just "Horovod has been shut down"
+    assert "in hvdp's stall watchdog" in errs[1][1] and "rank 1 did not arrive" in errs[1][1], errs[1]
+
+
+def test_keras_tf_stall_watchdog_names_the_rank_that_did_not_arrive():
+    # the same over Gloo for hvdp.keras on TensorFlow, whose collectives wait inside TF's executor
+    # (marked by host ops in the traced step): rank 1 sleeps before its second step of fit
+    env = {"HVDP_STALL_TIMEOUT_SECONDS": str(WATCHDOG_S), "STALL_S": str(WATCHDOG_S + 1.5),
+           "KERAS_BACKEND": "tensorflow"}
+    out, errs = run_case("disagree_keras.py", "stall", "gloo", env=env)
+    assert set(errs) == {0, 1}, f"not every rank ended with an error:\n{out[-4000:]}"
+    cause = (f"StallError: hvdp stall watchdog: rank 0 waited {WATCHDOG_S} s at hvdp.keras's gradient "
+             f"reduction: rank 1 did not arrive")
+    # Keras raises Horovod's error from inside the step; hvdp's exception hook gives the cause:
+    # on rank 0 its own watchdog's, on rank 1 (back while rank 0 lingers) the board's report of it
+    assert re.search(r"\[(1,)?0\]<stderr>:" + re.escape(cause), out), out[-4000:]
+    assert re.search(r"\[(1,)?1\]<stderr>:hvdp: rank 0 \(host \S+\) failed first, in hvdp's stall watchdog", out)
+    assert re.search(r"\[(1,)?1\]<stderr>:\s+hvdp\.watchdog\." + re.escape(cause), out), out[-4000:]
+    assert WATCHDOG_S <= AFTER[0] < WATCHDOG_S + 10, (AFTER, out[-3000:])  # seconds from hvd.init to the error
+
+
+def test_keras_tf_a_caught_step_error_is_no_stall_later():
+    # both ranks' step fails on their own error (labels out of range), caught; the count of
+    # reductions begun then stays one ahead of ended. They evaluate past the deadline and train on:
+    # the watchdog must not call that a stall (it did, and shut Horovod down, before it tracked calls)
+    env = {"HVDP_STALL_TIMEOUT_SECONDS": str(WATCHDOG_S), "IDLE_S": str(WATCHDOG_S * 1.5 + 1),
+           "KERAS_BACKEND": "tensorflow"}
+    rc, out = horovodrun([os.path.join(WORKERS, "disagree_keras.py"), "caught_error"], controller="gloo",
+                         timeout=GUARD_S, env=env)
+    assert rc == 0 and "StallError" not in out, out[-4000:]
+    assert sorted(re.findall(r"GAP rank=(\d) after_failure=[01]", out)) == ["0", "1"], out[-4000:]
+    assert sorted(re.findall(r"DONE rank=(\d)", out)) == ["0", "1"], out[-4000:]
 
 
 KERAS = {

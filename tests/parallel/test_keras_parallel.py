@@ -15,12 +15,13 @@ pytestmark = pytest.mark.parallel
 
 BACKENDS = ["tensorflow", "torch"]
 CHECKS = ["numpy_collectives", "stats_shape", "fit_equal", "fit_bpps", "custom_loop", "broadcast", "metric_average",
-          "warmup", "codecs", "powersgd", "mixed_precision", "checkpoint", "resume", "syncbn"]
+          "warmup", "codecs", "powersgd", "mixed_precision", "checkpoint", "resume",
+          "save_for_other_size", "syncbn"]
 
 
 @functools.lru_cache(maxsize=None)
 def run_checks(controller, backend):
-    """-> (returncode, output, the folder where the resume check left its checkpoint)."""
+    """-> (returncode, output, the folder where save_for_other_size left its checkpoint)."""
     folder = tempfile.mkdtemp(prefix=f"hvdp-keras-{backend}-{controller}-")
     rc, out = horovodrun([os.path.join(WORKERS, "keras_checks.py")] + CHECKS, controller=controller,
                          timeout=540, env={"KERAS_BACKEND": backend, "HVDP_TEST_CKPT_DIR": folder})
@@ -38,16 +39,23 @@ def test_keras_check(controller, backend, check):
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.parametrize("np_", [1, 3])
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_keras_resume_at_another_world_size(backend):
-    """The 2-worker checkpoint of the resume check, loaded by 1 worker: the documented rule."""
+def test_keras_resume_at_another_world_size(backend, np_):
+    """The 2-worker checkpoint of save_for_other_size, loaded by 1 and by 3 workers: the rule of
+    hvdp.keras.checkpoint (the same as torch's), checked per rank."""
     rc, out, folder = run_checks("gloo", backend)
-    assert checks_passed(out).get("resume") == {"0", "1"}, out[-4000:]
-    env = dict(os.environ, KERAS_BACKEND=backend, HVDP_TEST_CKPT_DIR=folder, OMP_NUM_THREADS="1",
-               TF_CPP_MIN_LOG_LEVEL="2")
-    r = subprocess.run([sys.executable, os.path.join(WORKERS, "keras_checks.py"), "resume_other_size"],
-                       capture_output=True, text=True, env=env, cwd=ROOT, timeout=240)
-    assert "CHECK resume_other_size OK rank=0" in r.stdout, (r.stdout + r.stderr)[-4000:]
+    assert checks_passed(out).get("save_for_other_size") == {"0", "1"}, out[-4000:]
+    env = {"KERAS_BACKEND": backend, "HVDP_TEST_CKPT_DIR": folder}
+    args = [os.path.join(WORKERS, "keras_checks.py"), "resume_other_size"]
+    if np_ == 1:  # one worker needs no launcher
+        r = subprocess.run([sys.executable] + args, capture_output=True, text=True, cwd=ROOT, timeout=240,
+                           env=dict(os.environ, OMP_NUM_THREADS="1", TF_CPP_MIN_LOG_LEVEL="2", **env))
+        rc, out = r.returncode, r.stdout + r.stderr
+    else:
+        rc, out = horovodrun(args, np=np_, timeout=300, env=env)
+    ranks = {str(r) for r in range(np_)}
+    assert checks_passed(out).get("resume_other_size") == ranks and rc == 0, out[-4000:]
 
 
 @pytest.mark.timeout(600)

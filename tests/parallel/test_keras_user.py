@@ -1,7 +1,8 @@
 """What a demanding Keras user hits (issue 18), under ``horovodrun -np 2`` over Gloo and MPI:
 saved models loaded back, custom Horovod compressors, the tape under XLA, refreezing with int8,
 Horovod's module-level collectives with compression=, local variables, the broadcast callback's
-local_variables and a lazily built model, the elastic callbacks (issue 27).
+local_variables and a lazily built model, the elastic callbacks and KerasState's restore()
+after sync() (issue 27).
 The checks are in ``workers/keras_user_checks.py``."""
 import functools
 import os
@@ -13,7 +14,7 @@ from conftest import CONTROLLERS, WORKERS, checks_passed, horovodrun
 pytestmark = pytest.mark.parallel
 
 CHECKS = ["save_load", "compressor", "refreeze", "module_collectives", "local_vars", "broadcast_local", "lazy_model",
-          "elastic_callbacks"]
+          "elastic_callbacks", "elastic_restore_after_sync", "freed"]
 
 
 @functools.lru_cache(maxsize=None)

@@ -1,4 +1,4 @@
-"""Ray Train's TorchTrainer running hvdp (`make ray-check`, not part of `make test`).
+"""Ray Train's TorchTrainer running hvdp (in `make test`; alone: `make ray-check`).
 
 A local Ray cluster of two node processes (``ray start --head --block`` and ``ray start
 --address ... --block``, one CPU each so that the two workers land on different Ray nodes, free
@@ -6,8 +6,10 @@ ports, a private 0700 temporary directory), started by the test in their own ses
 by process group. TorchTrainer(2 workers, gloo) runs, in each worker, the torchrun checks
 (hvd.init() bootstraps Horovod's Gloo controller from the variables Ray Train sets; int8) and
 examples/torch_digits.py with int8. Both must match horovodrun --gloo: the five losses bit for bit
-and the test accuracy. Skipped unless ray is installed and RUN_RAY_CHECK=1 (the make target sets
-it: the check takes about 1.5 min, too long for the CI suite)."""
+and the test accuracy. `make setup` installs ray[train]; without ray the test is skipped with the
+reason. About 2 min. A Ray driver that crashes in Ray itself ("Fatal Python error", seen once in
+eight runs here, cause not found) or a cluster whose second node does not come up is started
+afresh once, and the first attempt's failure is printed; a result that differs is never retried."""
 import contextlib
 import importlib.util
 import json
@@ -22,19 +24,16 @@ import time
 
 import pytest
 
-from conftest import ROOT, WORKERS, checks_passed, horovodrun
-from test_torchrun import CHECKS, SCRIPT, clean_env, free_port, losses
+from conftest import ROOT, WORKERS, checks_passed
+from test_torchrun import CHECKS, clean_env, free_port, horovodrun_reference, losses
 
 pytestmark = pytest.mark.parallel
 DRIVER = os.path.join(WORKERS, "ray_train.py")
-DIGITS = os.path.join(ROOT, "examples", "torch_digits.py")
 
 
 def ray_exe():
     if importlib.util.find_spec("ray") is None:
-        pytest.skip("ray is not installed (not part of `make setup`): `make ray-check` installs ray[train]")
-    if os.environ.get("RUN_RAY_CHECK") != "1":
-        pytest.skip("the Ray check runs under `make ray-check` (RUN_RAY_CHECK=1), not in `make test`")
+        pytest.skip("ray is not installed: `make setup` (scripts/setup.sh) installs ray[train]")
     exe = shutil.which("ray", path=os.path.dirname(sys.executable))
     if exe is None:
         pytest.skip("the ray command is not next to this interpreter")
@@ -94,8 +93,9 @@ def node_logs(tmp):
     return "\n".join(out)
 
 
-@pytest.fixture(scope="module")
+@contextlib.contextmanager
 def ray_cluster():
+    """A local Ray cluster of two node processes: yields (address, its private tmp dir, env)."""
     exe = ray_exe()
     tmp = tempfile.mkdtemp(prefix="hvdpray")  # short: Ray's unix sockets live under it
     os.chmod(tmp, 0o700)
@@ -128,31 +128,46 @@ def ray_cluster():
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def test_torchtrainer_matches_horovodrun_with_int8(ray_cluster):
-    address, tmp, env = ray_cluster
-    rc, hout = horovodrun([SCRIPT], controller="gloo", env={})
-    assert rc == 0 and all(checks_passed(hout).get(c) == {"0", "1"} for c in CHECKS), hout[-3000:]
-    ref_json = os.path.join(tmp, "digits_horovodrun.json")
-    rc, dout = horovodrun([DIGITS, "--compression", "int8", "--quiet", "--json-out", ref_json],
-                          controller="gloo", env={})
-    assert rc == 0, dout[-3000:]
-    out = os.path.join(tmp, "out")
-    os.mkdir(out)
-    t0 = time.monotonic()
-    r = subprocess.run([sys.executable, DRIVER, address, out], capture_output=True, text=True,
-                       timeout=420, env=env, cwd=ROOT)
-    wall = time.monotonic() - t0
-    text = r.stdout + r.stderr
-    logs = {}
-    for rank in (0, 1):
-        path = os.path.join(out, f"rank{rank}.log")
-        logs[rank] = open(path).read() if os.path.exists(path) else ""
-    if r.returncode != 0:
-        crash = text.find("Fatal Python error")
-        pytest.fail(f"the Ray driver exited {r.returncode}:\n"
-                    + (text[max(0, crash - 3000):crash + 1500] if crash >= 0 else text[-6000:])
-                    + "\n---- rank logs ----\n" + "\n----\n".join(v[-2000:] for v in logs.values())
-                    + "\n---- ray start logs ----\n" + node_logs(tmp))
+def drive(out_root):
+    """One attempt on a fresh cluster: (returncode, driver output, rank logs, node names, digits
+    result, seconds, failure text or None)."""
+    with ray_cluster() as (address, tmp, env):
+        out = os.path.join(out_root, f"attempt{len(os.listdir(out_root))}")
+        os.mkdir(out)
+        t0 = time.monotonic()
+        r = subprocess.run([sys.executable, DRIVER, address, out], capture_output=True, text=True,
+                           timeout=420, env=env, cwd=ROOT)
+        wall = time.monotonic() - t0
+        text = r.stdout + r.stderr
+        logs = {rank: (open(os.path.join(out, f"rank{rank}.log")).read()
+                       if os.path.exists(os.path.join(out, f"rank{rank}.log")) else "") for rank in (0, 1)}
+        failure = None
+        if r.returncode != 0:
+            crash = text.find("Fatal Python error")
+            failure = (f"the Ray driver exited {r.returncode}:\n"
+                       + (text[max(0, crash - 3000):crash + 1500] if crash >= 0 else text[-6000:])
+                       + "\n---- rank logs ----\n" + "\n----\n".join(v[-2000:] for v in logs.values())
+                       + "\n---- ray start logs ----\n" + node_logs(tmp))
+        return r.returncode, text, logs, out, wall, failure
+
+
+def ray_infrastructure(failure):
+    """A failure of Ray itself rather than of a result: a crash of the interpreter, or a cluster
+    whose second node never came up."""
+    return failure is not None and ("Fatal Python error" in failure or "fewer than 2 alive nodes" in failure)
+
+
+def test_torchtrainer_matches_horovodrun_with_int8(tmp_path):
+    ray_exe()
+    hout, ref_json = horovodrun_reference(tmp_path)
+    runs = tmp_path / "ray"
+    runs.mkdir()
+    rc, text, logs, out, wall, failure = drive(str(runs))
+    if ray_infrastructure(failure):  # once, on a fresh cluster; said in the output
+        print(f"\nRay attempt 1 failed in Ray itself; starting a fresh cluster once:\n{failure[-3000:]}")
+        rc, text, logs, out, wall, failure = drive(str(runs))
+    if failure is not None:
+        pytest.fail(failure)
     seen = checks_passed(logs[0] + logs[1])
     assert all(seen.get(c) == {"0", "1"} for c in CHECKS), (seen, logs)
     assert "size=2 local_size=2 cross_size=1 controller=gloo" in logs[0], logs[0]

@@ -1,23 +1,33 @@
 """hvdp.torch under real ``horovodrun -np 2 -H localhost:2``, over Gloo and over MPI."""
 import functools
 import os
+import subprocess
+import sys
+import tempfile
 
 import pytest
 
-from conftest import CONTROLLERS, WORKERS, checks_passed, horovodrun
+from conftest import CONTROLLERS, ROOT, WORKERS, checks_passed, horovodrun
 
 pytestmark = pytest.mark.parallel
 
 CHECKS = ["grad_average", "two_equal_one", "bpps", "broadcast", "amp", "codecs", "powersgd", "state",
           "nonfinite", "errors", "warmup", "sparse_unused_empty", "checkpoint",
-          "elastic_restore", "horovod_options", "freed"]
+          "save_for_other_size", "elastic_restore", "horovod_options", "freed"]
 
 
 @functools.lru_cache(maxsize=None)
+def run_job(controller):
+    """One job per controller runs every check (each launch costs seconds of start-up).
+    -> (returncode, output, the folder where save_for_other_size left its checkpoint)."""
+    folder = tempfile.mkdtemp(prefix=f"hvdp-torch-{controller}-")
+    rc, out = horovodrun([os.path.join(WORKERS, "torch_checks.py")] + CHECKS, controller=controller,
+                         timeout=300, env={"HVDP_TEST_CKPT_DIR": folder})
+    return rc, out, folder
+
+
 def run_checks(controller):
-    """One job per controller runs every check (each launch costs seconds of start-up)."""
-    return horovodrun([os.path.join(WORKERS, "torch_checks.py")] + CHECKS, controller=controller,
-                      timeout=300)
+    return run_job(controller)[:2]
 
 
 @pytest.mark.parametrize("controller", CONTROLLERS)
@@ -32,3 +42,21 @@ def test_job_exit_code():
     for controller in CONTROLLERS:
         rc, out = run_checks(controller)
         assert rc == 0, out[-4000:]
+
+
+@pytest.mark.parametrize("np_", [1, 3])
+def test_torch_resume_at_another_world_size(np_):
+    """The 2-worker checkpoint of save_for_other_size loaded by 1 and by 3 workers: the rule of
+    hvdp.torch.checkpoint (the same as Keras'), checked per rank."""
+    rc, out, folder = run_job("gloo")
+    assert checks_passed(out).get("save_for_other_size") == {"0", "1"}, out[-4000:]
+    env = {"HVDP_TEST_CKPT_DIR": folder}
+    args = [os.path.join(WORKERS, "torch_checks.py"), "resume_other_size"]
+    if np_ == 1:  # one worker needs no launcher
+        r = subprocess.run([sys.executable] + args, capture_output=True, text=True, cwd=ROOT, timeout=120,
+                           env=dict(os.environ, OMP_NUM_THREADS="1", **env))
+        rc, out = r.returncode, r.stdout + r.stderr
+    else:
+        rc, out = horovodrun(args, np=np_, timeout=180, env=env)
+    ranks = {str(r) for r in range(np_)}
+    assert checks_passed(out).get("resume_other_size") == ranks and rc == 0, out[-4000:]

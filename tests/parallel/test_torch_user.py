@@ -1,7 +1,7 @@
 """What a demanding torch user hits (issue 18), under ``horovodrun -np 2`` over Gloo and MPI:
 two optimizers in flight, bfloat16 models, non-contiguous parameters, requires_grad changed
-after the optimizer was made, GradScaler's skipped steps (issue 26), Horovod's module-level
-collectives with compression= and ElasticSampler(dataset) (issue 27). The checks are in
+after the optimizer was made, GradScaler's skipped steps (issue 26). (Horovod's module-level API
+against plain Horovod: test_horovod_compat.py.) The checks are in
 ``workers/torch_user_checks.py``."""
 import functools
 import os
@@ -13,7 +13,7 @@ from conftest import CONTROLLERS, WORKERS, checks_passed, horovodrun
 pytestmark = pytest.mark.parallel
 
 CHECKS = ["two_optimizers", "bf16", "bf16_join", "noncontiguous", "requires_grad", "fresh_state_broadcast",
-          "amp_skipped_steps", "module_collectives", "elastic_sampler"]
+          "amp_skipped_steps"]
 
 
 @functools.lru_cache(maxsize=None)

@@ -37,6 +37,18 @@ def losses(out):
     return found[0].split()
 
 
+def horovodrun_reference(tmp_path):
+    """The reference another launcher is compared with: (output of the torchrun checks under
+    horovodrun --gloo, path of torch_digits.py's int8 result under horovodrun --gloo)."""
+    rc, hout = horovodrun([SCRIPT], controller="gloo", env={})
+    assert rc == 0 and all(checks_passed(hout).get(c) == {"0", "1"} for c in CHECKS), hout[-3000:]
+    ref_json = str(tmp_path / "digits_horovodrun.json")
+    rc, dout = horovodrun([os.path.join(ROOT, "examples", "torch_digits.py"), "--compression", "int8",
+                           "--quiet", "--json-out", ref_json], controller="gloo", env={})
+    assert rc == 0, dout[-3000:]
+    return hout, ref_json
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

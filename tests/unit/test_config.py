@@ -7,7 +7,7 @@ import re
 import pytest
 
 from hvdp import agreement, config, mesh
-from hvdp.failures import DirBoard, board_from_env
+from hvdp.boards import DirBoard, board_from_env
 from hvdp.kernels import registry
 from hvdp.plan import DEFAULT_FUSION_BYTES, DEFAULT_MIN_ELEMENTS, CompressionPolicy
 
@@ -174,3 +174,13 @@ def test_no_other_module_reads_an_hvdp_variable():
                         if read.search(line) and not re.search(r"\]\s*=[^=]|\.pop\(", line):
                             offenders.append(f"{os.path.relpath(path, ROOT)}:{n}: {line.strip()}")
     assert not offenders, offenders
+
+
+def test_hvdp_cache_dir_moves_the_kernel_cache_too(monkeypatch, tmp_path):
+    from hvdp.kernels import build
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.delenv("HVDP_CACHE_DIR", raising=False)
+    assert build.cache_root() == str(tmp_path / "xdg" / "hvdp" / "kernels")
+    monkeypatch.setenv("HVDP_CACHE_DIR", str(tmp_path / "moved"))
+    assert build.cache_root() == str(tmp_path / "moved" / "kernels")
+    assert build.places("k")[0] == (str(tmp_path / "moved"), ("kernels", "k"))

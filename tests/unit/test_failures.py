@@ -1,12 +1,17 @@
 """Failure reports between ranks (hvdp.failures), with a directory board and a fake KV store."""
 import http.server
+import os
+import stat
 import sys
+import tempfile
 import threading
 
 import pytest
 
 from hvdp import failures
-from hvdp.failures import DirBoard, FailureReporter, KVBoard, board_from_env, explain
+from hvdp.boards import DirBoard, KVBoard, board_from_env
+from hvdp.failures import FailureReporter, explain
+from hvdp.private import Refused
 
 
 class HorovodInternalError(RuntimeError):
@@ -49,6 +54,22 @@ def test_consequences_are_never_reported_and_once_only(tmp_path):
     r.report(e, "second")
     (only,) = failures.parse_reports(board.read(), exclude_rank=0)
     assert only["where"] == "first" and only["rank"] == 2
+
+
+@pytest.mark.parametrize("message, failed", [
+    # the survivor's error in a CI run where a peer was killed mid-step (Keras-TF, elastic, Gloo)
+    ("[/tmp/hvdp-horovod-x/horovod-0.28.1/third_party/compatible17_gloo/gloo/transport/tcp/pair.cc:589]"
+     " Read error [127.0.0.1]:31157: Connection reset by peer\n\t [[{{node cond/hvdp.ar.sequential/"
+     "dense/bias}}]] [Op:__inference_step_1958]", True),
+    ("Timed out waiting 30000ms\n\t [[{{node hvdp.ar.dense/kernel}}]] [Op:__inference_step_7]", True),
+    (SHUT + ", or an attempt to allreduce ...", True),
+    ("something\n\t [[{{node HorovodAllreduce_grads_0}}]]", True),
+    ("Incompatible shapes: [8,4] vs. [8,3]\n\t [[{{node sequential/dense/BiasAdd}}]]", False),
+    ("input must be 4-dimensional [[{{node my_hvdp.conv}}]]", False),
+    ("", False),
+])
+def test_collective_failures_are_told_from_the_users_own_errors(message, failed):
+    assert failures.collective_failed(message) is failed
 
 
 def test_stale_reports_are_ignored():
@@ -179,3 +200,35 @@ def test_kv_board_roundtrip_and_env_choice(kv_store, tmp_path):
 
 def test_explain_without_rank():
     assert explain("x", [], None).startswith("hvdp: this rank saw Horovod shut down")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="planting a directory of another uid needs root")
+def test_a_board_directory_another_account_made_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    env = {"OMPI_MCA_ess_base_jobid": "4242"}
+    good = board_from_env(env)                 # the path the job's ranks share
+    planted = good.path
+    os.mkdir(planted, 0o777)
+    os.chmod(planted, 0o777)
+    os.chown(planted, 12345, 12345)            # another account made it first
+    with pytest.warns(UserWarning, match="no failure reports between ranks.*owned by uid 12345"):
+        assert board_from_env(env) is None
+    with pytest.raises(Refused, match="owned by uid 12345"):
+        DirBoard(planted).read()
+    with pytest.raises(Refused):
+        DirBoard(planted).post(0, b"{}")       # nothing is written into it either
+    assert os.listdir(planted) == []
+
+
+def test_a_board_directory_is_private_and_group_writable_ones_are_refused(tmp_path):
+    b = DirBoard(str(tmp_path / "b"))
+    b.post(1, b"{}")
+    assert stat.S_IMODE(os.stat(b.path).st_mode) == 0o700
+    os.chmod(b.path, 0o770)
+    with pytest.raises(Refused, match="writable by group"):
+        b.read()
+    link = tmp_path / "link"
+    os.chmod(b.path, 0o700)
+    os.symlink(b.path, link)
+    with pytest.raises(Refused, match="symbolic link"):
+        DirBoard(str(link)).read()

@@ -135,9 +135,35 @@ def test_someone_joined():
 
 
 def test_refusal_names_the_fix():
-    msg = refusal("int8", "torch")
-    assert "uneven_inputs=True" in msg and "int8" in msg and "JoinCallback" not in msg
+    msg = refusal("int8", "torch")  # uneven_inputs=False was passed
+    assert "uneven_inputs=False" in msg and "int8" in msg and "JoinCallback" not in msg
+    assert "uneven_inputs=True" not in msg  # the default already turns it on
     assert "JoinCallback" in refusal("topk", "keras")
+    msg = refusal("int8", "torch", "hierarchical")
+    assert "hierarchical=True" in msg and "reduce-scatter" in msg and "uneven_inputs=True" not in msg
+    assert "int8" in refusal("powersgd", "torch", "low_rank") and "uneven_inputs" not in refusal(
+        "powersgd", "torch", "low_rank")
+    assert "DistributedGradientTape" in refusal("int8", "keras", "tape")
+    with pytest.raises(ValueError):
+        refusal("int8", "torch", "because")
+
+
+@pytest.mark.parametrize("codec,kw,resolved,off", [
+    ("int8", {}, True, None), ("bf16", {}, True, None), ("topk", {}, True, None), ("int4", {}, True, None),
+    ("none", {}, True, None), ("int8", dict(uneven_inputs=False), False, "off"),
+    ("int8", dict(uneven_inputs=True), True, None),
+    ("int8", dict(hierarchical=True), False, "hierarchical"),
+    ("powersgd", {}, False, "low_rank"),
+])
+def test_uneven_inputs_default_is_on_where_supported(codec, kw, resolved, off):
+    from hvdp.plan import CompressionPolicy
+    from hvdp.settings import ReduceSettings
+    s = ReduceSettings(codecs.get(codec), CompressionPolicy(), **kw)
+    assert s.uneven_inputs is resolved and s.join_off == off
+    assert s.uneven_requested == kw.get("uneven_inputs")
+    if off in ("hierarchical", "low_rank"):  # insisting where it is unsupported is still an error
+        with pytest.raises(ValueError, match="uneven_inputs=True"):
+            ReduceSettings(codecs.get(codec), CompressionPolicy(), **dict(kw, uneven_inputs=True))
 
 
 def test_registry_is_weak_and_ordered():

@@ -35,3 +35,11 @@ def run_cases(run, cases, rank, barrier):
         except Exception:
             pass  # reported; the next case
         barrier()
+
+
+def run_named_checks(checks, names, rank):
+    """The checks named (all of ``checks`` when none), in order: 'CHECK <name> OK rank=<r>' after
+    each; the first that raises ends the job (the ones after it are not reported)."""
+    for name in names or list(checks):
+        checks[name]()
+        print(f"CHECK {name} OK rank={rank()}", flush=True)

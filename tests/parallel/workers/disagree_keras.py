@@ -3,7 +3,9 @@
 Prints 'ERROR rank=<r> after=<s> type=<T> msg=<json>' for the exception that ends a rank and
 lets it propagate, or 'DONE rank=<r>'.
 """
+import os
 import sys
+import time
 
 import keras
 import numpy as np
@@ -28,6 +30,38 @@ class FailOnRank1(keras.callbacks.Callback):
             raise ValueError("injected failure: rank 1's callback broke")
 
 
+class StallOnRank1(keras.callbacks.Callback):
+    """Rank 1 sleeps before its second step (a long evaluation on one rank only)."""
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if hvd.rank() == 1 and batch == 1:
+            time.sleep(float(os.environ.get("STALL_S", "120")))
+
+
+CALLBACKS = {"fail_callback": FailOnRank1, "stall": StallOnRank1}
+
+
+def caught_error(model, x, y):
+    """A step that fails on the user's own error (labels out of range, on every rank), caught;
+    then evaluate for IDLE_S (no reduction) and train on: nothing may call that a stall."""
+    from hvdp.keras import _backend_tf as tfb
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    try:
+        model.fit(x, y + 4, batch_size=8, epochs=1, verbose=0)
+        raise AssertionError("labels out of range did not fail the step")
+    except Exception as e:  # TF's InvalidArgumentError
+        assert "label" in str(e).lower(), e
+    begun, ended = tfb._WATCH["v"]
+    gap = int(begun.numpy()) - int(ended.numpy())
+    if gap == 0:  # TF ran the count before the failing op in every run seen; if not, leave it as that would
+        begun.assign_add(1)
+    print(f"GAP rank={hvd.rank()} after_failure={gap}", flush=True)
+    t = time.monotonic()
+    while time.monotonic() - t < float(os.environ["IDLE_S"]):
+        model.evaluate(x, y, batch_size=8, verbose=0)
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+
+
 def run(case, rank):
     model = model_for(case, rank)
     x = np.random.default_rng(0).standard_normal((24, 2048)).astype("float32")
@@ -43,8 +77,10 @@ def run(case, rank):
         kw["backward_passes_per_step"] = 2
     opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.1), **kw)
     model.compile(optimizer=opt, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    if case == "caught_error":
+        return caught_error(model, x, y)
     model.fit(x, y, batch_size=8, epochs=1, verbose=0,
-              callbacks=[FailOnRank1()] if case == "fail_callback" else [])
+              callbacks=[CALLBACKS[case]()] if case in CALLBACKS else [])
 
 
 def main():

@@ -64,7 +64,9 @@ def run(case, rank):
     if case == "fail_int8" and rank == 1:
         # the failure is injected into the codec's decode, which the fused kernels bypass
         os.environ["HVDP_KERNELS"] = "off"
-        opt.engine.reducer.codec = FailingDecode(opt.engine.reducer.codec, at_call=3)
+        red = opt.engine.reducer
+        red = getattr(red, "inner", red)  # under the join control (the default) the two-phase reducer is inside
+        red.codec = FailingDecode(red.codec, at_call=3)
     for step in range(3):
         if case == "early_exit" and rank == 1:
             return  # e.g. a rank whose data ran out: it never calls step()

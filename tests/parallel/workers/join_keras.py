@@ -1,10 +1,13 @@
 """hvdp.keras with uneven inputs: rank r runs ``steps[r]`` steps, then ``hvd.join()``.
 
 Usage: join_keras.py STEPS MODE CODEC[,CODEC...]
-  MODE loop:    a custom tf.function loop + hvd.join(), against the replayed reference
-  MODE fit:     model.fit on shards of different lengths with hvd.callbacks.JoinCallback
+  MODE loop:    a custom tf.function loop + hvd.join(), against the replayed reference; the
+                optimizer made as in a Horovod script, without uneven_inputs (the default)
+  MODE loopin:  the same with an explicit uneven_inputs=True
+  MODE fit:     model.fit on shards of different lengths with hvd.callbacks.JoinCallback (default
+                uneven_inputs)
   MODE nojoin:  model.fit on such shards without it: the clear error on every rank
-  MODE refuse:  the custom loop without uneven_inputs: JoinRefused on the rank that joins first
+  MODE refuse:  the custom loop with uneven_inputs=False: JoinRefused on the rank that joins first
 Prints 'CHECK join-<mode>-<codec> OK rank=<r> ...' per codec.
 """
 import sys
@@ -23,6 +26,7 @@ sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from join_reference import check_uneven_run  # noqa: E402
 
 LR = 0.1
+DEFAULT = object()  # make the optimizer without the uneven_inputs argument
 B = 8
 LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
@@ -57,12 +61,12 @@ def residuals(opt):
     return {k: {b: np.array(v) for b, v in state[k].items()} for k in ("worker", "server")}
 
 
-def run_loop(codec, steps, uneven_inputs=True):
+def run_loop(codec, steps, uneven_inputs=DEFAULT):
     rank, size = hvd.rank(), hvd.size()
     model = make_model()
     p0 = [w.copy() for w in model.get_weights()]
-    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(LR), compression=codec,
-                                   uneven_inputs=uneven_inputs)
+    kw = {} if uneven_inputs is DEFAULT else dict(uneven_inputs=uneven_inputs)
+    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(LR), compression=codec, **kw)
     variables = model.trainable_variables
 
     @tf.function
@@ -79,6 +83,8 @@ def run_loop(codec, steps, uneven_inputs=True):
         local.append([g.numpy().copy() for g in step(x[t * B:(t + 1) * B], y[t * B:(t + 1) * B])])
         res_after.append(residuals(opt))
     last = hvd.join()
+    if uneven_inputs is not False:  # the default resolved to the join control, as True does
+        assert opt._hvdp.engine.settings.uneven_inputs is True, opt._hvdp.engine.settings
     assert last == int(np.argmax(steps)), (last, steps)
     assert_identical(model, opt, f"loop.{codec}")
     iterations = int(keras.ops.convert_to_numpy(opt.iterations))
@@ -98,14 +104,15 @@ def run_loop(codec, steps, uneven_inputs=True):
     final = model.get_weights()
     err, bound = check_uneven_run(codec, every_local, steps, size, p0, final, LR, every_res,
                                   [tuple(idx) for idx in opt._hvdp.plan.buckets])
-    print(f"CHECK join-loop-{codec} OK rank={rank} err={err:.3g} bound={bound:.3g}", flush=True)
+    how = "default" if uneven_inputs is DEFAULT else uneven_inputs
+    print(f"CHECK join-loop-{codec} OK rank={rank} uneven_inputs={how} err={err:.3g} bound={bound:.3g}",
+          flush=True)
 
 
 def run_fit(codec, steps, with_join=True, epochs=2):
     rank = hvd.rank()
     model = make_model()
-    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(LR, momentum=0.9), compression=codec,
-                                   uneven_inputs=True)
+    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(LR, momentum=0.9), compression=codec)
     model.compile(optimizer=opt, loss=LOSS)
     x, y = shard(steps[rank], rank)
     # JoinCallback last: it joins after the last batch, before MetricAverageCallback's allreduce
@@ -144,4 +151,5 @@ if __name__ == "__main__":
     assert len(steps) == hvd.size(), (steps, hvd.size())
     mode = sys.argv[2]
     for name in sys.argv[3].split(","):
-        {"loop": run_loop, "fit": run_fit, "nojoin": run_nojoin, "refuse": run_refuse}[mode](name, steps)
+        {"loop": run_loop, "loopin": lambda c, s: run_loop(c, s, uneven_inputs=True), "fit": run_fit,
+         "nojoin": run_nojoin, "refuse": run_refuse}[mode](name, steps)

@@ -1,9 +1,13 @@
 """hvdp.torch with uneven inputs: rank r runs ``steps[r]`` steps, then ``hvd.join()``.
 
-Usage: join_torch.py STEPS CODEC[,CODEC...] [refuse|adam]
+Usage: join_torch.py STEPS CODEC[,CODEC...] [opt-in|refuse|adam]
   STEPS: per-rank step counts, e.g. 5,4 or 5,3,4.
-  refuse: no ``uneven_inputs`` (expects JoinRefused on the rank that joins first).
-  adam: Adam with momentum state: after join the optimizer state is identical on every rank too.
+  (nothing): the optimizer made as in a Horovod script, without ``uneven_inputs`` (the default
+    turns the join control on).
+  opt-in: with an explicit ``uneven_inputs=True``.
+  refuse: ``uneven_inputs=False`` (expects JoinRefused on the rank that joins first).
+  adam: Adam with momentum state (default ``uneven_inputs``): after join the optimizer state is
+    identical on every rank too.
 Prints 'CHECK join-<codec> OK rank=<r> err=... bound=...' per codec.
 """
 import sys
@@ -17,6 +21,7 @@ sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from join_reference import check_uneven_run  # noqa: E402
 
 LR = 0.1
+DEFAULT = object()  # make the optimizer without the uneven_inputs argument
 
 
 def residual_state(opt):
@@ -26,15 +31,15 @@ def residual_state(opt):
     return {k: {b: t.detach().clone().numpy() for b, t in red[k].items()} for k in ("worker", "server")}
 
 
-def run(codec, steps, uneven_inputs=True):
+def run(codec, steps, uneven_inputs=DEFAULT):
     rank, size = hvd.rank(), hvd.size()
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(20, 64), torch.nn.Tanh(), torch.nn.Linear(64, 3))
     params = list(model.parameters())
     p0 = [p.detach().clone().numpy() for p in params]
+    kw = {} if uneven_inputs is DEFAULT else dict(uneven_inputs=uneven_inputs)
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=LR),
-                                   named_parameters=model.named_parameters(), compression=codec,
-                                   uneven_inputs=uneven_inputs)
+                                   named_parameters=model.named_parameters(), compression=codec, **kw)
     g = torch.Generator().manual_seed(1000 + rank)
     x, y = torch.randn(steps[rank], 8, 20, generator=g), torch.randint(0, 3, (steps[rank], 8), generator=g)
     local, res_after = [], []
@@ -46,6 +51,9 @@ def run(codec, steps, uneven_inputs=True):
         opt.step()
         res_after.append(residual_state(opt))
     last = hvd.join()
+    if uneven_inputs is not False:  # the default resolved to the join control, as True does
+        assert opt.engine.settings.uneven_inputs is True, opt.engine.settings
+        assert (opt._join is not None) == opt.engine.settings.two_phase, codec
     assert last == int(np.argmax(steps)), (last, steps)
 
     # identical on every rank, step counts too
@@ -72,11 +80,12 @@ def run(codec, steps, uneven_inputs=True):
     buckets = [tuple(idx) for idx in opt.engine.plan.buckets]
     final = [p.detach().numpy() for p in params]
     err, bound = check_uneven_run(codec, every_local, steps, size, p0, final, LR, every_res, buckets)
-    print(f"CHECK join-{codec} OK rank={rank} err={err:.3g} bound={bound:.3g}", flush=True)
+    how = "default" if uneven_inputs is DEFAULT else uneven_inputs
+    print(f"CHECK join-{codec} OK rank={rank} uneven_inputs={how} err={err:.3g} bound={bound:.3g}", flush=True)
 
 
 def refuse(codec, steps):
-    """Without uneven_inputs: the first rank to join raises JoinRefused; the others fail too."""
+    """With uneven_inputs=False: the first rank to join raises JoinRefused; the others fail too."""
     try:
         run(codec, steps, uneven_inputs=False)
     except hvd.JoinRefused as e:
@@ -89,8 +98,7 @@ def adam(codec, steps):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(20, 64), torch.nn.Tanh(), torch.nn.Linear(64, 3))
     opt = hvd.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=1e-3),
-                                   named_parameters=model.named_parameters(), compression=codec,
-                                   uneven_inputs=True)
+                                   named_parameters=model.named_parameters(), compression=codec)
     g = torch.Generator().manual_seed(1000 + rank)
     for _ in range(steps[rank]):
         opt.zero_grad()
@@ -115,7 +123,9 @@ if __name__ == "__main__":
     steps = [int(s) for s in sys.argv[1].split(",")]
     assert len(steps) == hvd.size(), (steps, hvd.size())
     for name in sys.argv[2].split(","):
-        if len(sys.argv) > 3 and sys.argv[3] == "refuse":
+        if len(sys.argv) > 3 and sys.argv[3] == "opt-in":
+            run(name, steps, uneven_inputs=True)
+        elif len(sys.argv) > 3 and sys.argv[3] == "refuse":
             refuse(name, steps)
         elif len(sys.argv) > 3 and sys.argv[3] == "adam":
             adam(name, steps)

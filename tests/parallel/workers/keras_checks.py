@@ -1,8 +1,6 @@
 """Checks of hvdp.keras under real workers, on the Keras backend KERAS_BACKEND names (tensorflow
 or torch); prints 'CHECK <name> OK rank=<r>' per passed check."""
-import os
 import sys
-import tempfile
 
 import keras
 import numpy as np
@@ -281,106 +279,6 @@ def check_mixed_precision_set_late():
         keras.mixed_precision.set_global_policy("float32")
 
 
-def check_checkpoint_callback():
-    folder = hvd.broadcast_object(tempfile.mkdtemp() if hvd.rank() == 0 else None, name="kck.dir")
-    path = os.path.join(folder, "model.keras")
-    x, y = data(32)
-    model = make_model()
-    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.01)), loss=LOSS)
-    model.fit(x, y, batch_size=16, epochs=2, verbose=0,
-              callbacks=[hvd.callbacks.ModelCheckpoint(path)])
-    hvd.allreduce(tensor(np.zeros(1)), name="kck.barrier")
-    if hvd.rank() == 0:
-        assert os.listdir(folder) == ["model.keras"], os.listdir(folder)  # no temporary left
-        restored = keras.models.load_model(path, compile=False)
-        for a, b in zip(restored.get_weights(), model.get_weights()):
-            np.testing.assert_array_equal(a, b)
-
-
-RESUME_POLICY = dict(min_elements=1)  # every tensor in an int8 bucket: residuals everywhere
-
-
-def _weights(model):
-    return [np.array(w) for w in model.get_weights()]
-
-
-def _one_more_step(model, xs, ys):
-    model.fit(xs[:8], ys[:8], batch_size=8, epochs=1, shuffle=False, verbose=0)
-    return _weights(model)
-
-
-def check_resume():
-    """The step after resuming from hvd.callbacks.ModelCheckpoint (or hvd.save_checkpoint) equals
-    the uninterrupted step exactly; without the residuals it does not."""
-    folder = os.environ.get("HVDP_TEST_CKPT_DIR") or tempfile.mkdtemp()
-    folder = hvd.broadcast_object(folder if hvd.rank() == 0 else None, name="krs.dir")
-    path = os.path.join(folder, "resume.keras")
-    x, y = data(16 * 8 * hvd.size(), seed=5)
-    xs, ys = shard(x, y, 8)
-    policy = hvd.CompressionPolicy(**RESUME_POLICY)
-    model = make_model()
-    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9), compression="int8", policy=policy)
-    model.compile(optimizer=opt, loss=LOSS)
-    model.fit(xs, ys, batch_size=8, epochs=2, shuffle=False, verbose=0,
-              callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), hvd.callbacks.ModelCheckpoint(path)])
-    saved = opt._hvdp.residual_state()
-    assert any(np.abs(v).max() > 0 for v in saved["worker"].values()), "no residual to keep"
-    # the ranks' residuals differ (per-worker state): each must get its own back
-    mine = np.concatenate([saved["worker"][k] for k in sorted(saved["worker"])])
-    every = allgathered(mine, "krs.mine")
-    assert not np.array_equal(every[0], every[-1])
-    hvd.save_checkpoint(os.path.join(folder, "pair.keras"), model, epoch=2)
-    uninterrupted = _one_more_step(model, xs, ys)
-
-    for how in ("load_model", "load_checkpoint"):
-        if how == "load_model":
-            resumed = hvd.load_model(path, compression="int8", policy=policy)
-        else:
-            fresh = make_model(seed=99)
-            fresh.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9),
-                                                             compression="int8", policy=policy), loss=LOSS)
-            resumed, extra = hvd.load_checkpoint(os.path.join(folder, "pair.keras"), fresh)
-            assert extra == {"epoch": 2}, extra
-        got = resumed.optimizer._hvdp.residual_state()
-        for side in ("worker", "server"):
-            for k, v in saved[side].items():
-                np.testing.assert_array_equal(got[side][k], v)
-        after = _one_more_step(resumed, xs, ys)
-        for a, b in zip(after, uninterrupted):
-            np.testing.assert_array_equal(a, b)  # exactly
-        assert_ranks_identical(resumed, f"krs.{how}")
-    # the same resume with the residuals zeroed does not give the same step: they matter
-    zeroed = hvd.load_model(path, compression="int8", policy=policy)
-    zeroed.optimizer._hvdp.load_residual_state({})
-    assert not all(np.array_equal(a, b) for a, b in zip(_one_more_step(zeroed, xs, ys), uninterrupted))
-
-
-def check_resume_other_size():
-    """Run alone (1 worker) on the checkpoint check_resume wrote with 2: the documented rule of
-    hvdp.twophase.TwoPhaseReducer.load_state_dict (worker residual kept where its padded
-    length is unchanged, server residual from zero)."""
-    from hvdp.twophase import chunk_length
-    from hvdp.keras.checkpoint import read_residuals
-    path = os.path.join(os.environ["HVDP_TEST_CKPT_DIR"], "resume.keras")
-    per_rank, _ = read_residuals(path)
-    assert len(per_rank) == 2 and hvd.size() == 1, (len(per_rank), hvd.size())
-    model = hvd.load_model(path, compression="int8", policy=hvd.CompressionPolicy(**RESUME_POLICY))
-    red = model.optimizer._hvdp
-    got = red.residual_state()
-    kept = 0
-    for b, idx in enumerate(red.plan.buckets):
-        n, k = sum(red.engine.numels[i] for i in idx), f"b{b}"
-        old_padded = chunk_length(n, 2, red.engine.codec.align) * 2
-        want = per_rank[0]["worker"][k] if old_padded == got["worker"][k].size else 0 * got["worker"][k]
-        kept += old_padded == got["worker"][k].size
-        np.testing.assert_array_equal(got["worker"][k], want)
-        assert not np.any(got["server"][k]), "server residual not reset at another size"
-    print(f"  {kept} of {len(red.plan.buckets)} worker residuals kept (same padded length)", flush=True)
-    x, y = data(16, seed=5)
-    h = model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
-    assert np.isfinite(h.history["loss"][-1])
-
-
 def check_syncbn():
     """hvd.SyncBatchNormalization on 2 workers = BatchNormalization on 1 worker, same global batch."""
     x, _ = data(8 * hvd.size(), seed=3)
@@ -436,9 +334,10 @@ CHECKS = {
     "codecs": check_codecs,
     "powersgd": check_powersgd,
     "mixed_precision": check_mixed_precision,
-    "checkpoint": check_checkpoint_callback,
-    "resume": check_resume,
-    "resume_other_size": check_resume_other_size,
+    "checkpoint": lambda: __import__("keras_checkpoint_checks").check_checkpoint_callback(),
+    "resume": lambda: __import__("keras_checkpoint_checks").check_resume(),
+    "save_for_other_size": lambda: __import__("keras_checkpoint_checks").check_save_for_other_size(),
+    "resume_other_size": lambda: __import__("keras_checkpoint_checks").check_resume_other_size(),
     "syncbn": check_syncbn,
 }
 

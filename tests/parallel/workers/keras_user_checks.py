@@ -270,6 +270,49 @@ def check_elastic_callbacks():
     assert_ranks_identical(model, "kec")
 
 
+def check_elastic_restore_after_sync():
+    """KerasState.sync() then restore() (a failure right after a reset): every rank goes back to
+    the synced state, rank 0's, as in Horovod (it saves after its broadcast), attributes too."""
+    model = make_model()
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.05)), loss=LOSS)
+    model.set_weights([w + hvd.rank() for w in model.get_weights()])  # the ranks differ
+    state = hvd.elastic.KerasState(model, epoch=10 + hvd.rank())
+    state.sync()
+    synced = [w.copy() for w in model.get_weights()]
+    assert not _ranks_differ(synced[0], "kers.synced") and state.epoch == 10, state.epoch
+    model.set_weights([w + 7 for w in synced])
+    state.epoch = 5
+    state.restore()
+    for a, b in zip(model.get_weights(), synced):
+        np.testing.assert_array_equal(a, b)
+    assert state.epoch == 10, state.epoch
+    x, y = data(16)
+    model.fit(x[hvd.rank()::hvd.size()], y[hvd.rank()::hvd.size()], batch_size=8, epochs=1, verbose=0)
+    assert_ranks_identical(model, "kers.trained")
+
+
+def check_recreated_optimizers_are_freed(n=10):
+    """Issue 26: a model + int8 optimizer re-created per fold (10 times, one fit each) leaves at
+    most one optimizer alive after a collection: nothing of hvdp's (reducer, registries,
+    callbacks) keeps a dropped one."""
+    import gc
+    import weakref
+    x, y = data(16)
+    refs = []
+    for _ in range(n):
+        model = make_model()
+        opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.05), compression="int8")
+        model.compile(optimizer=opt, loss=LOSS)
+        model.fit(x[hvd.rank()::hvd.size()], y[hvd.rank()::hvd.size()], batch_size=8, epochs=1, verbose=0,
+                  callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+        refs.append(weakref.ref(opt))
+        del model, opt
+    gc.collect()
+    alive = sum(r() is not None for r in refs)
+    print(f"KERAS_RECREATED alive {alive}/{n}", flush=True)
+    assert alive <= 1, f"{alive} of {n} dropped hvdp.keras optimizers are still alive"
+
+
 CHECKS = {
     "save_load": check_save_load,
     "compressor": check_compressor,
@@ -279,6 +322,8 @@ CHECKS = {
     "broadcast_local": check_broadcast_local,
     "lazy_model": check_lazy_model,
     "elastic_callbacks": check_elastic_callbacks,
+    "elastic_restore_after_sync": check_elastic_restore_after_sync,
+    "freed": check_recreated_optimizers_are_freed,
 }
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """What a demanding torch user does (issue 18), under real workers: two optimizers in flight,
 bfloat16 models, non-contiguous parameters, requires_grad changed after the optimizer was made;
-GradScaler's skipped steps (torch_amp_checks.py); Horovod's module-level API beside the
-optimizer, against plain Horovod (torch_compat_checks.py).
+GradScaler's skipped steps (torch_amp_checks.py). (Horovod's API against plain Horovod:
+torch_compat_checks.py, its own job.)
 Each rank runs the named checks and prints 'CHECK <name> OK rank=<r>'; a failure raises."""
 import copy
 import sys
@@ -383,8 +383,6 @@ CHECKS = {
     "requires_grad": check_requires_grad,
     "fresh_state_broadcast": check_fresh_state_broadcast,
     "amp_skipped_steps": lambda: __import__("torch_amp_checks").check_skipped_steps(),
-    "module_collectives": lambda: __import__("torch_compat_checks").check_module_collectives(),
-    "elastic_sampler": lambda: __import__("torch_compat_checks").check_elastic_sampler(),
 }
 
 if __name__ == "__main__":

@@ -113,9 +113,13 @@ def torch_checks(mode, cluster=None):
                                        named_parameters=model.named_parameters(), compression=codec,
                                        hierarchical=True)
         x = torch.randn(16, 96, generator=torch.Generator().manual_seed(100 + r)) * (1 + r)
-        model(x).pow(2).mean().backward()
         params = list(model.parameters())
-        local = [p.grad.detach().clone().reshape(-1).numpy() for p in params]
+        loss = model(x).pow(2).mean()
+        # this rank's own gradients, taken before backward: backward's hooks start the reductions,
+        # and a tensor below the policy's size goes by Horovod's in-place allreduce, so p.grad
+        # may already hold the average by the time backward returns
+        local = [g.detach().reshape(-1).numpy() for g in torch.autograd.grad(loss, params, retain_graph=True)]
+        loss.backward()
         opt.synchronize()
         got = [p.grad.detach().reshape(-1).numpy() for p in params]
         per_rank = [[None] * len(params) for _ in range(4)]

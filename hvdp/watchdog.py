@@ -1,0 +1,251 @@
+"""A deadline on hvdp's own collectives: a stalled rank ends the job with a clear error.
+
+Horovod's stall inspector shuts a job down when one rank stops submitting tensors, but only over
+MPI, and only when ``HOROVOD_STALL_SHUTDOWN_TIME_SECONDS`` is set (over Gloo, in 0.28.1, it never
+fires): a rank stuck in a long evaluation, a dead data loader or a deadlock in user code leaves
+every other rank waiting forever. hvdp's watchdog is a thread in each process that knows when
+this process waits in one of hvdp's collectives (the adapters wrap each wait in
+:meth:`StallWatchdog.waiting`; waits inside TensorFlow's executor are counts it polls,
+:meth:`StallWatchdog.poll`). When a wait has lasted half the deadline, it leaves a note on
+the failure board (``hvdp.failures``): "rank r waits at <collective> since <time>". When it
+reaches the deadline, it reads every rank's note, names the ranks that left none (they did not
+arrive) and those waiting at another collective, reports that as this rank's failure and shuts
+Horovod down: the waiting ranks' collectives fail at once, each with the watchdog's message, and a
+stalled rank that comes back finds Horovod down and is told why by the board.
+
+``HVDP_STALL_TIMEOUT_SECONDS`` sets the deadline (default 600; 0 turns the watchdog off). A
+rank that waits longer than that for a legitimate reason (an evaluation on one rank only) should
+raise it. Without a board (``HVDP_FAILURE_BOARD=0``, MPI across hosts) the job still ends, but
+the message cannot name the missing ranks.
+
+Example::
+
+    dog = StallWatchdog(timeout_s=600, get_rank=hvd.rank, get_size=hvd.size,
+                        reporter=REPORTER, shutdown=hvd.shutdown)
+    with dog.waiting("gradient reduction of optimizer 0"):
+        hvd.synchronize(handle)        # a stall past 600 s raises StallError
+"""
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from contextlib import contextmanager
+from typing import Callable, Dict, Iterator, Optional, Sequence, Tuple
+
+from .config import stall_timeout_s
+
+NOTE_KEY = "stall-{rank}"
+NOTE_AT = 0.5        # a wait this fraction of the deadline old leaves its note on the board
+
+
+class StallError(RuntimeError):
+    """Some rank did not arrive at one of hvdp's collectives within the deadline."""
+
+
+def describe(rank: int, name: str, timeout_s: float, size: int, notes: Dict[int, dict],
+             board: bool) -> str:
+    """The watchdog's message from every rank's note (rank -> its note), this rank's included."""
+    head = (f"hvdp stall watchdog: rank {rank} waited {timeout_s:g} s at {name}")
+    if not board:
+        return (f"{head}; no failure board, so which ranks did not arrive is unknown (they did not "
+                "submit their part of it: a long evaluation or data loading on one rank, an exited "
+                f"or killed rank, or ranks that call collectives in another order). {_FIX}")
+    missing = [r for r in range(size) if r not in notes]
+    elsewhere = sorted((r, n["name"]) for r, n in notes.items() if n.get("name") != name)
+    parts = []
+    if missing:
+        parts.append(f"rank{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))} "
+                     f"did not arrive")
+    parts += [f"rank {r} waits at {n} instead" for r, n in elsewhere]
+    if not parts:
+        parts.append("every rank waits there (Horovod itself made no progress)")
+    return f"{head}: {'; '.join(parts)}. {_FIX}"
+
+
+_FIX = ("Find what that rank is doing (its own log, py-spy dump); for work that legitimately "
+        "takes longer on some ranks raise HVDP_STALL_TIMEOUT_SECONDS (0: no watchdog).")
+
+
+class _Wait:
+    __slots__ = ("name", "t0", "wall0", "noted", "begun", "calls")
+
+    def __init__(self, name: str, t0: float, wall0: float):
+        self.name, self.t0, self.wall0, self.noted = name, t0, wall0, False
+        self.begun = 0   # a polled wait: the count of waits begun when it was seen,
+        self.calls = ()  # and the calls then in progress that it may be part of
+
+
+class StallWatchdog:
+    """One per process (the adapters make it); a thread starts at the first wait.
+
+    Args:
+        timeout_s: the deadline of one wait; 0: off. None: from ``HVDP_STALL_TIMEOUT_SECONDS``.
+        get_rank, get_size: this rank and the job's size (read while Horovod is up).
+        reporter: the process's ``hvdp.failures.FailureReporter`` (its board carries the notes,
+            and the watchdog's error is reported through it).
+        shutdown: shuts Horovod down, so that every waiting collective fails.
+        clock: monotonic seconds (tests pass a fake one and call :meth:`check` themselves).
+    """
+
+    def __init__(self, timeout_s: Optional[float], get_rank: Callable[[], int],
+                 get_size: Callable[[], int], reporter, shutdown: Callable[[], None],
+                 clock: Callable[[], float] = time.monotonic, start_thread: bool = True):
+        # settings
+        self._timeout = timeout_s
+        self._get_rank, self._get_size = get_rank, get_size
+        self._reporter, self._shutdown, self._clock = reporter, shutdown, clock
+        self._start_thread = start_thread
+        # internal state
+        self._wait: Optional[_Wait] = None
+        self._polled: Optional[Tuple[str, Callable[[], Tuple[int, int, Sequence[object]]]]] = None  # poll
+        self._pwait: Optional[_Wait] = None
+        self._thread: Optional[threading.Thread] = None
+        self._lock = threading.Lock()
+        self.message: Optional[str] = None   # set once the watchdog fired
+
+    @property
+    def timeout_s(self) -> float:
+        if self._timeout is None:
+            self._timeout = float(stall_timeout_s())  # HVDP_STALL_TIMEOUT_SECONDS; bad value: ValueError
+        return self._timeout
+
+    @contextmanager
+    def waiting(self, name: str) -> Iterator[None]:
+        """Around one blocking wait of this process on a collective named ``name``. An error of
+        the wait after the watchdog fired (Horovod shut down under it) becomes a ``StallError``."""
+        if self.timeout_s <= 0:
+            yield
+            return
+        self._ensure_thread()
+        w = _Wait(name, self._clock(), time.time())
+        self._wait = w
+        try:
+            yield
+        except Exception as e:
+            if self.message is None:
+                raise
+            raise self._as_stall(e) from None  # what Horovod said after the shutdown adds nothing
+        finally:
+            self._wait = None
+            if w.noted:  # a slow wait that finished: its note no longer holds
+                self._put_note(None)
+
+    def poll(self, name: str, read: Callable[[], Tuple[int, int, Sequence[object]]]) -> None:
+        """Waits that no Python call brackets (collectives inside TensorFlow's executor):
+        ``read() -> (begun, ended, calls)``: how many such waits began and ended so far, and
+        objects that stand for the calls now in progress (compared by identity). A wait is the
+        time ``begun`` stays ahead of ``ended`` while one same call stays in progress: a failed
+        step's count never ends, but once its call has returned nothing waits."""
+        if self.timeout_s <= 0:
+            return
+        self._polled = (name, read)
+        self._ensure_thread()
+
+    def _polled_wait(self) -> Optional[_Wait]:
+        if self._polled is None:
+            return None
+        name, read = self._polled
+        try:
+            begun, ended, calls = read()
+        except Exception:  # e.g. TensorFlow going down at exit
+            return None
+        w = self._pwait
+        if w is not None and (begun == ended or w.begun != begun      # over, or another one,
+                              or not any(c is d for c in w.calls for d in calls)):  # or returned
+            self._pwait = None
+            if w.noted:
+                self._put_note(None)
+            w = None
+        if begun != ended and calls and w is None:
+            w = self._pwait = _Wait(name, self._clock(), time.time())
+            w.begun, w.calls = begun, tuple(calls)
+        return w
+
+    def _as_stall(self, e: Exception) -> "StallError":
+        new = StallError(self.message)
+        new._hvdp_explained = True  # the failure reporter leaves it as it is
+        new._hvdp_reported = True
+        return new
+
+    def _ensure_thread(self) -> None:
+        if self._thread is not None or not self._start_thread:
+            return
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="hvdp-stall-watchdog",
+                                                daemon=True)
+                self._thread.start()
+
+    def _run(self) -> None:
+        while self.message is None:
+            time.sleep(min(1.0, max(self.timeout_s / 20, 0.05)))
+            try:
+                self.check()
+            except Exception:  # the watchdog must never take a healthy job down
+                pass
+
+    def _board(self):
+        return getattr(self._reporter, "board", None)
+
+    def _put_note(self, w: Optional[_Wait]) -> None:
+        board = self._board()
+        if board is None:
+            return
+        try:
+            rank = int(self._get_rank())
+            data = {"rank": rank, "host": socket.gethostname(), "time": time.time()}
+            if w is not None:
+                data.update(name=w.name, since=w.wall0)
+            board.put(NOTE_KEY.format(rank=rank), json.dumps(data).encode())
+        except Exception:
+            pass
+
+    def notes(self, size: int, since: float) -> Dict[int, dict]:
+        """Every rank's current note of a wait that began after ``since`` - one deadline
+        (older ones are of earlier waits that the ranks left without clearing)."""
+        board, out = self._board(), {}
+        if board is None:
+            return out
+        for r in range(size):
+            try:
+                got = board.get(NOTE_KEY.format(rank=r))
+                n = json.loads(got) if got else None
+            except Exception:
+                n = None
+            if n and n.get("name") is not None and float(n.get("since", 0)) >= since:
+                out[r] = n
+        return out
+
+    def check(self) -> bool:
+        """One look at this process's wait; True when it fired (and shut Horovod down)."""
+        if self.message is not None:
+            return False
+        w = self._wait
+        polled = w is None
+        if polled:
+            w = self._polled_wait()
+        if w is None:
+            return False
+        waited = self._clock() - w.t0
+        if waited >= NOTE_AT * self.timeout_s and not w.noted:
+            w.noted = True
+            self._put_note(w)
+        if waited < self.timeout_s or (not polled and self._wait is not w):
+            return False
+        rank, size = int(self._get_rank()), int(self._get_size())
+        notes = self.notes(size, since=w.wall0 - self.timeout_s)
+        notes.setdefault(rank, {"name": w.name})
+        self.message = describe(rank, w.name, self.timeout_s, size, notes, self._board() is not None)
+        try:
+            self._reporter.report(StallError(self.message), "in hvdp's stall watchdog")
+            self._reporter.cause_here = f"StallError: {self.message}"
+        except Exception:
+            pass
+        try:
+            self._shutdown()
+        except Exception:
+            pass
+        return True
+

@@ -1,0 +1,182 @@
+"""The stall watchdog (hvdp.watchdog) with a fake clock and a directory board: when it fires,
+which ranks it names, what the waiting rank raises, and that it stays out of healthy waits."""
+import json
+
+import pytest
+
+from hvdp.boards import DirBoard
+from hvdp.failures import FailureReporter, parse_reports
+from hvdp.watchdog import NOTE_KEY, StallError, StallWatchdog
+
+
+class Clock:
+    def __init__(self):
+        self.t = 100.0
+
+    def __call__(self):
+        return self.t
+
+
+def dog(board, rank, size=3, timeout=10.0, clock=None):
+    calls = []
+    rep = FailureReporter(lambda: rank, board, wait_s=0)
+    d = StallWatchdog(timeout, lambda: rank, lambda: size, rep, lambda: calls.append("down"),
+                      clock=clock or Clock(), start_thread=False)
+    return d, calls
+
+
+def test_fires_at_the_deadline_and_names_the_rank_that_did_not_arrive(tmp_path):
+    board, clock = DirBoard(str(tmp_path / "b")), Clock()
+    d0, down0 = dog(board, 0, clock=clock)
+    d2, _ = dog(board, 2, clock=clock)
+    with pytest.raises(StallError) as info:
+        with d0.waiting("hvdp.opt0.fc.weight"), d2.waiting("hvdp.opt0.fc.weight"):
+            clock.t += 4.9
+            assert not d0.check() and not d2.check()           # nothing before half the deadline
+            assert board.get(NOTE_KEY.format(rank=0)) is None
+            clock.t += 0.2
+            d0.check(), d2.check()                              # half: both leave their note
+            assert json.loads(board.get(NOTE_KEY.format(rank=2)))["name"] == "hvdp.opt0.fc.weight"
+            clock.t += 4.95
+            assert not d0.check() and down0 == []
+            clock.t += 0.1
+            assert d0.check() and down0 == ["down"]             # fired: Horovod shut down
+            raise ValueError("Handle 7 was not created or has been cleared.")  # what synchronize raises then
+    msg = str(info.value)
+    assert msg == d0.message and "rank 0 waited 10 s at hvdp.opt0.fc.weight" in msg
+    assert "rank 1 did not arrive" in msg and "rank 2" not in msg and "HVDP_STALL_TIMEOUT_SECONDS" in msg
+    # the other ranks learn it from the board (the failure reporter's report)
+    (rep,) = parse_reports(board.read(), exclude_rank=1)
+    assert rep["rank"] == 0 and rep["where"] == "in hvdp's stall watchdog" and "rank 1 did not arrive" in rep["error"]
+
+
+def test_a_rank_waiting_elsewhere_is_named_with_its_collective(tmp_path):
+    board, clock = DirBoard(str(tmp_path / "b")), Clock()
+    d0, _ = dog(board, 0, size=2, clock=clock)
+    d1, _ = dog(board, 1, size=2, clock=clock)
+    with pytest.raises(StallError):
+        with d0.waiting("a"), d1.waiting("b"):
+            clock.t += 6
+            d0.check(), d1.check()
+            clock.t += 5
+            d0.check()
+            raise RuntimeError("Horovod has been shut down")
+    assert "rank 1 waits at b instead" in d0.message and "did not arrive" not in d0.message
+
+
+def test_without_a_board_it_still_ends_the_wait_and_says_it_cannot_name_ranks():
+    clock = Clock()
+    d, down = dog(None, 0, clock=clock)
+    d._reporter._board = False   # what FailureReporter keeps for "no board"
+    with pytest.raises(StallError, match="no failure board"):
+        with d.waiting("x"):
+            clock.t += 11
+            assert d.check() and down == ["down"]
+            raise RuntimeError("Horovod has been shut down")
+
+
+def test_healthy_waits_pass_errors_unchanged_and_clear_their_note(tmp_path):
+    board, clock = DirBoard(str(tmp_path / "b")), Clock()
+    d, down = dog(board, 0, clock=clock)
+    with d.waiting("slow"):
+        clock.t += 6
+        d.check()                               # a slow but healthy wait leaves a note...
+    assert json.loads(board.get(NOTE_KEY.format(rank=0))).get("name") is None  # ...cleared after
+    e = KeyError("not a stall")
+    with pytest.raises(KeyError) as info:
+        with d.waiting("y"):
+            raise e
+    assert info.value is e and down == [] and d.message is None
+    assert not d.check()                        # not waiting: never fires
+
+
+def test_a_note_from_an_earlier_wait_does_not_count_as_arrived(tmp_path):
+    board, clock = DirBoard(str(tmp_path / "b")), Clock()
+    board.put(NOTE_KEY.format(rank=1), json.dumps({"rank": 1, "name": "x", "since": 0.0}).encode())
+    d, _ = dog(board, 0, size=2, clock=clock)
+    with pytest.raises(StallError):
+        with d.waiting("x"):
+            clock.t += 11
+            d.check()
+            raise RuntimeError("down")
+    assert "rank 1 did not arrive" in d.message
+
+
+def test_timeout_zero_turns_it_off_and_the_variable_is_checked(monkeypatch, tmp_path):
+    d, down = dog(DirBoard(str(tmp_path / "b")), 0, timeout=0)
+    with d.waiting("x"):
+        pass
+    assert d._thread is None and not d.check() and down == []
+    monkeypatch.setenv("HVDP_STALL_TIMEOUT_SECONDS", "soon")
+    d2, _ = dog(None, 0, timeout=None)
+    with pytest.raises(ValueError, match="HVDP_STALL_TIMEOUT_SECONDS='soon' is not an integer"):
+        with d2.waiting("x"):
+            pass
+    monkeypatch.setenv("HVDP_STALL_TIMEOUT_SECONDS", "0")
+    d3, _ = dog(None, 0, timeout=None)
+    assert d3.timeout_s == 0
+
+
+def test_polled_waits_fire_only_while_one_lasts_past_the_deadline(tmp_path):
+    """Waits inside TensorFlow's executor (hvdp.keras on TF) are counts the watchdog reads: the
+    deadline runs from when it first sees begun ahead of ended, restarts for the next wait, and
+    the rank's own cause is what its failure reporter then says of Horovod's shut-down."""
+    board, clock = DirBoard(str(tmp_path / "b")), Clock()
+    d0, down0 = dog(board, 0, size=2, clock=clock)
+    counts, step = [0, 0], object()         # step: the traced step's call, in progress throughout
+    d0.poll("hvdp.keras's gradient reduction", lambda: (*counts, (step,)))
+    for _ in range(3):                      # healthy steps: each wait ends well within the deadline
+        counts[0] += 1
+        assert not d0.check()
+        clock.t += 6
+        assert not d0.check()               # past half: its note is left...
+        assert json.loads(board.get(NOTE_KEY.format(rank=0)))["name"] == "hvdp.keras's gradient reduction"
+        counts[1] += 1
+        assert not d0.check()               # ...and taken back once the wait is over
+        assert "name" not in json.loads(board.get(NOTE_KEY.format(rank=0)))
+        clock.t += 30                       # between waits time does not count
+        assert not d0.check()
+    counts[0] += 1
+    assert not d0.check()
+    clock.t += 6
+    counts[0], counts[1] = counts[0] + 1, counts[1] + 1   # that wait ended, the next began
+    assert not d0.check()                   # a new wait: its deadline starts now
+    clock.t += 9.9
+    assert not d0.check() and down0 == []
+    clock.t += 0.2
+    assert d0.check() and down0 == ["down"]
+    assert "rank 0 waited 10 s at hvdp.keras's gradient reduction: rank 1 did not arrive" in d0.message
+    said = d0._reporter.explanation("Horovod has been shut down.")
+    assert said.startswith(f"StallError: {d0.message}") and said.endswith("saw: Horovod has been shut down.")
+
+
+def test_polling_is_off_with_the_watchdog():
+    d = StallWatchdog(0, lambda: 0, lambda: 2, None, lambda: None, clock=Clock(), start_thread=False)
+    d.poll("x", lambda: (5, 0, (object(),)))
+    assert not d.check() and d.message is None
+
+
+def test_a_failed_steps_count_is_no_wait_once_its_call_has_returned(tmp_path):
+    """A step that failed after its count began (a user's error, caught) leaves begun ahead of
+    ended for good; what the rank does next, idle or short calls that reduce nothing
+    (evaluate), is not a stall. Only one same call in progress past the deadline is."""
+    board, clock = DirBoard(str(tmp_path / "b")), Clock()
+    d0, down0 = dog(board, 0, size=2, clock=clock)
+    state = {"counts": (1, 0), "calls": ()}
+    d0.poll("hvdp.keras's gradient reduction", lambda: (*state["counts"], state["calls"]))
+    for _ in range(30):                     # idle: no call in progress
+        clock.t += 1
+        assert not d0.check()
+    for _ in range(30):                     # evaluate: a new short call at each look
+        state["calls"] = (object(), object())
+        clock.t += 1
+        assert not d0.check()
+    assert down0 == [] and d0.message is None
+    stuck = object()                        # then a step that really waits (the count goes on)
+    state["counts"], state["calls"] = (2, 0), (object(), stuck)
+    assert not d0.check()
+    state["calls"] = (stuck,)
+    clock.t += 9.9
+    assert not d0.check() and down0 == []
+    clock.t += 0.2
+    assert d0.check() and down0 == ["down"]
