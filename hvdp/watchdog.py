@@ -101,6 +101,7 @@ class StallWatchdog:
         self._wait: Optional[_Wait] = None
         self._polled: Optional[Tuple[str, Callable[[], Tuple[int, int, Sequence[object]]]]] = None  # poll
         self._pwait: Optional[_Wait] = None
+        self._plag = 0  # polled waits begun that will never end (failed steps): not waits
         self._thread: Optional[threading.Thread] = None
         self._lock = threading.Lock()
         self.message: Optional[str] = None   # set once the watchdog fired
@@ -137,7 +138,8 @@ class StallWatchdog:
         ``read() -> (begun, ended, calls)``: how many such waits began and ended so far, and
         objects that stand for the calls now in progress (compared by identity). A wait is the
         time ``begun`` stays ahead of ``ended`` while one same call stays in progress: a failed
-        step's count never ends, but once its call has returned nothing waits."""
+        step's count never ends: once its call has returned, what it left ahead is the new baseline
+        (a later call, however long, waits only if it begins a wait of its own)."""
         if self.timeout_s <= 0:
             return
         self._polled = (name, read)
@@ -151,14 +153,19 @@ class StallWatchdog:
             begun, ended, calls = read()
         except Exception:  # e.g. TensorFlow going down at exit
             return None
+        lead = begun - ended
+        if not calls or lead < self._plag:  # nothing in progress: whatever is ahead was left by
+            self._plag = lead                # failed steps (or a reset settled it)
         w = self._pwait
-        if w is not None and (begun == ended or w.begun != begun      # over, or another one,
+        if w is not None and (lead <= self._plag or w.begun != begun      # over, or another one,
                               or not any(c is d for c in w.calls for d in calls)):  # or returned
+            if lead > self._plag and w.begun == begun:  # its call returned, its count never ends
+                self._plag = lead
             self._pwait = None
             if w.noted:
                 self._put_note(None)
             w = None
-        if begun != ended and calls and w is None:
+        if lead > self._plag and calls and w is None:
             w = self._pwait = _Wait(name, self._clock(), time.time())
             w.begun, w.calls = begun, tuple(calls)
         return w

@@ -175,14 +175,17 @@ def test_keras_tf_stall_watchdog_names_the_rank_that_did_not_arrive():
 
 def test_keras_tf_a_caught_step_error_is_no_stall_later():
     # both ranks' step fails on their own error (labels out of range), caught; the count of
-    # reductions begun then stays one ahead of ended. They evaluate past the deadline and train on:
-    # the watchdog must not call that a stall (it did, and shut Horovod down, before it tracked calls)
+    # reductions begun then stays one ahead of ended. They evaluate past the deadline, make one TF
+    # call that lasts past it, and train on: the watchdog must not call that a stall (it did, and
+    # shut Horovod down, before it tracked calls; the one long call, before that count was the baseline)
     env = {"HVDP_STALL_TIMEOUT_SECONDS": str(WATCHDOG_S), "IDLE_S": str(WATCHDOG_S * 1.5 + 1),
            "KERAS_BACKEND": "tensorflow"}
     rc, out = horovodrun([os.path.join(WORKERS, "disagree_keras.py"), "caught_error"], controller="gloo",
                          timeout=GUARD_S, env=env)
     assert rc == 0 and "StallError" not in out, out[-4000:]
     assert sorted(re.findall(r"GAP rank=(\d) after_failure=[01]", out)) == ["0", "1"], out[-4000:]
+    took = [float(t) for t in re.findall(r"LONG_CALL rank=\d took=(\S+)s", out)]
+    assert len(took) == 2 and min(took) > WATCHDOG_S, (took, out[-4000:])  # one call past the deadline
     assert sorted(re.findall(r"DONE rank=(\d)", out)) == ["0", "1"], out[-4000:]
 
 

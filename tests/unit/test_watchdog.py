@@ -180,3 +180,35 @@ def test_a_failed_steps_count_is_no_wait_once_its_call_has_returned(tmp_path):
     assert not d0.check() and down0 == []
     clock.t += 0.2
     assert d0.check() and down0 == ["down"]
+
+
+@pytest.mark.parametrize("between", ["idle", "no_look"])
+def test_a_failed_steps_count_is_the_baseline_for_one_long_call_after_it(tmp_path, between):
+    """After a failed step's count is left ahead, one later call that lasts past the deadline
+    and reduces nothing (a long predict, a blocked input pipeline) is no stall, whether the
+    watchdog looked while the rank was idle between the two calls or not; a wait that such a
+    call then begins still fires at its deadline."""
+    board, clock = DirBoard(str(tmp_path / "b")), Clock()
+    d0, down0 = dog(board, 0, size=2, clock=clock)
+    failed = object()
+    state = {"counts": (1, 0), "calls": (failed,)}  # the failing step, its wait begun
+    d0.poll("hvdp.keras's gradient reduction", lambda: (*state["counts"], state["calls"]))
+    assert not d0.check()
+    clock.t += 2
+    if between == "idle":
+        state["calls"] = ()
+        assert not d0.check()
+        clock.t += 1
+    long_call = object()
+    state["calls"] = (long_call,)
+    for _ in range(30):                     # one same call, 30 s (the deadline is 10 s)
+        assert not d0.check()
+        clock.t += 1
+    assert down0 == [] and d0.message is None
+    state["counts"] = (2, 0)                # that call now begins a wait that does not end
+    assert not d0.check()
+    clock.t += 9.9
+    assert not d0.check() and down0 == []
+    clock.t += 0.2
+    assert d0.check() and down0 == ["down"]
+    assert "rank 1 did not arrive" in d0.message

@@ -43,7 +43,10 @@ CALLBACKS = {"fail_callback": FailOnRank1, "stall": StallOnRank1}
 
 def caught_error(model, x, y):
     """A step that fails on the user's own error (labels out of range, on every rank), caught;
-    then evaluate for IDLE_S (no reduction) and train on: nothing may call that a stall."""
+    then evaluate for IDLE_S (no reduction), make one TF call that lasts IDLE_S (a graph loop)
+    and train on: nothing may call that a stall."""
+    import tensorflow as tf
+
     from hvdp.keras import _backend_tf as tfb
     model.fit(x, y, batch_size=8, epochs=1, verbose=0)
     try:
@@ -59,6 +62,15 @@ def caught_error(model, x, y):
     t = time.monotonic()
     while time.monotonic() - t < float(os.environ["IDLE_S"]):
         model.evaluate(x, y, batch_size=8, verbose=0)
+
+    @tf.function
+    def one_long_call(seconds):
+        t0 = tf.timestamp()
+        return tf.while_loop(lambda n: tf.timestamp() - t0 < seconds, lambda n: n + 1, [tf.constant(0)])
+
+    t = time.monotonic()
+    one_long_call(tf.constant(float(os.environ["IDLE_S"]), tf.float64))
+    print(f"LONG_CALL rank={hvd.rank()} took={time.monotonic() - t:.1f}s", flush=True)
     model.fit(x, y, batch_size=8, epochs=1, verbose=0)
 
 
