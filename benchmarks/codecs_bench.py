@@ -11,7 +11,7 @@ takes turns with a memcpy, iteration by iteration: the median of the paired rati
 of the best iterations (what a quiet machine gives) are reported. Method of Horovod's synthetic
 benchmarks: warm-up, then 10 iterations of 10 repetitions; mean and 95% interval of the mean.
 Wire bytes: what the two-phase reduction hands to alltoall/allgather for P simulated workers
-(hvdp.simcomm), per worker, against a float32 ring allreduce, next to the formula.
+(hvdp.reduce.simcomm), per worker, against a float32 ring allreduce, next to the formula.
 """
 import argparse
 import json
@@ -23,12 +23,12 @@ import numpy as np
 import torch
 
 from hvdp import codecs
-from hvdp.collectives import AVERAGE
+from hvdp.reduce.collectives import AVERAGE
 from hvdp.kernels import registry
 from hvdp.ops import NumpyOps
-from hvdp.simcomm import FakeGroup
-from hvdp.stats import WireStats
-from hvdp.twophase import TwoPhaseReducer
+from hvdp.reduce.simcomm import FakeGroup
+from hvdp.reduce.stats import WireStats
+from hvdp.reduce.twophase import TwoPhaseReducer
 from hvdp.torch import TorchOps
 from hvdp.torch.compiled import CompiledCodec
 

@@ -4,7 +4,7 @@ cluster, then carried to GPU clusters of 8 GPUs per node and 2-128 nodes.
     python benchmarks/project_scale.py [--report-only]
 
 1. **Measured lines.** On the two-node cluster (MPI, 1 Gbit/s between the nodes, 2 ranks per
-   node) ``two_level_probe.py`` fits ``hvdp.auto``'s A + B·x lines (``hvdp.probe``) for the
+   node) ``two_level_probe.py`` fits ``hvdp.reduce.auto``'s A + B·x lines (``hvdp.reduce.probe``) for the
    collectives of the whole job, of one node and of one cross set (one rank per node), each
    codec's work, and a step's compute alone.
 2. **Checked.** The model (below) predicts each method's step time on those 4 ranks from the
@@ -37,8 +37,8 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "tests", "parallel"))
 
 from hvdp import codecs  # noqa: E402
-from hvdp.auto import CostTable, Line  # noqa: E402
-from hvdp.twophase import chunk_length  # noqa: E402
+from hvdp.reduce.auto import CostTable, Line  # noqa: E402
+from hvdp.reduce.twophase import chunk_length  # noqa: E402
 
 METHODS = {"horovod": ("none", False), "none": ("none", False), "none 2L": ("none", True),
            "bf16 2L": ("bf16", True), "int8": ("int8", False), "int8 2L": ("int8", True)}
@@ -90,7 +90,7 @@ def predict(method, buckets, compute_s, world: CostTable, local: CostTable, cros
 def stated_tables(nodes: int, link: str, gpu_codecs: dict):
     """(world, local, cross) CostTables for ``nodes`` x 8 GPUs from the stated link figures.
 
-    Each line's x is what ``hvdp.probe`` measures: the buffer for allreduce, the whole send
+    Each line's x is what ``hvdp.reduce.probe`` measures: the buffer for allreduce, the whole send
     buffer (P chunks) for alltoall, this rank's part for allgather."""
     per_gpu = ASSUMPTIONS["gpus_per_node"]
     p = nodes * per_gpu

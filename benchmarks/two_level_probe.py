@@ -1,5 +1,5 @@
 """The probe job of ``benchmarks/project_scale.py``, on the two-node cluster: the cost lines
-(``hvdp.auto``'s A + B·x model, measured by ``hvdp.probe``) of the whole job's collectives, of
+(``hvdp.reduce.auto``'s A + B·x model, measured by ``hvdp.reduce.probe``) of the whole job's collectives, of
 the node-local ones and of the cross-node ones, each codec's work, and a step's compute alone.
 
     horovodrun -np 4 -H hvdpnodea:2,hvdpnodeb:2 ... python two_level_probe.py --json-out F
@@ -13,12 +13,12 @@ import torch
 
 import hvdp.torch as hvd
 from hvdp import codecs
-from hvdp.probe import measure
+from hvdp.reduce.probe import measure
 from hvdp.torch.agreement import allgather_fixed
 from hvdp.torch.comm import TorchCollectives
 from hvdp.torch.mesh import levels
 from hvdp.torch.ops import TorchOps
-from hvdp.twophase import TwoPhaseReducer
+from hvdp.reduce.twophase import TwoPhaseReducer
 
 from two_level_bench import build
 

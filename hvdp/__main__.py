@@ -12,7 +12,7 @@ def main(argv=None) -> int:
         from .install import main as install
         return install(argv[1:])
     if argv[:1] == ["run"]:
-        from .launch import main as run
+        from .cluster.launch import main as run
         return run(argv[1:])
     print("usage: python -m hvdp doctor | install-horovod [--help] | run <horovodrun arguments>", file=sys.stderr)
     return 2

@@ -13,7 +13,8 @@ import subprocess
 import sys
 from importlib import metadata
 
-from . import bootstrap, config
+from .cluster import bootstrap
+from . import config
 
 _PROBE = r"""
 import json, sys, os

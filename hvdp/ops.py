@@ -62,7 +62,7 @@ class ArrayOps(Protocol):
     # one returns ``zeros``).
     def empty(self, n: int, dtype: str = "float32", like: Array | None = None) -> Array: ...
     def from_numpy(self, a: "np.ndarray", like: Array | None = None) -> Array: ...
-    # Optional, used only by the low-rank codec (powersgd, ``hvdp.lowrank``); numpy, torch and
+    # Optional, used only by the low-rank codec (powersgd, ``hvdp.reduce.lowrank``); numpy, torch and
     # TF (hvdp.keras) provide them, graph-safe on TF. Float32 2-D arrays:
     # ``matmul`` is a @ b, ``transpose`` the 2-D transpose, ``orthonormalize`` an n x r array
     # (r <= n) whose columns span the same space, orthonormal: Gram-Schmidt for r <= 2, else a

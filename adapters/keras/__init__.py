@@ -49,14 +49,14 @@ if hasattr(_B.hvd, "broadcast_object_fn"):  # horovod.tensorflow only
 
 def init(comm=None, process_sets=None):
     """Horovod's ``init(comm=None, process_sets=None)``; under torchrun / srun without horovodrun
-    it first starts Horovod's Gloo controller from the launcher's variables (``hvdp.bootstrap``,
+    it first starts Horovod's Gloo controller from the launcher's variables (``hvdp.cluster.bootstrap``,
     through torch's TCPStore, on either backend where torch is installed, as it is wherever torchrun
     runs), and it raises where the launcher's world is larger than the job Horovod joined (never a
     silent size-1 job)."""
     import importlib
     import importlib.util
 
-    from hvdp import bootstrap as _bootstrap
+    from hvdp.cluster import bootstrap as _bootstrap
 
     def store(launcher):
         return _bootstrap.tcp_store(importlib.import_module("torch.distributed"), launcher)
@@ -66,15 +66,15 @@ def init(comm=None, process_sets=None):
 
 from hvdp import __version__  # noqa: E402,F401
 from hvdp.codecs import Compression  # noqa: E402,F401
-from hvdp.join import JoinRefused  # noqa: E402,F401
-from hvdp.plan import CompressionPolicy  # noqa: E402,F401
+from hvdp.reduce.join import JoinRefused  # noqa: E402,F401
+from hvdp.reduce.plan import CompressionPolicy  # noqa: E402,F401
 
 from . import callbacks, elastic  # noqa: E402,F401
 from .checkpoint import save_checkpoint  # noqa: E402,F401
 from .functions import broadcast_global_variables, broadcast_variables  # noqa: E402,F401
-from .join import join  # noqa: E402,F401  (Horovod's join, safe with every codec: hvdp.join)
-from .mesh import ProcessMesh  # noqa: E402,F401  (DP x TP x PP groups as process sets: hvdp.mesh)
-from .mesh import hierarchical_process_sets  # noqa: E402,F401  (hvdp.hierarchy's static process sets)
+from .join import join  # noqa: E402,F401  (Horovod's join, safe with every codec: hvdp.reduce.join)
+from .mesh import ProcessMesh  # noqa: E402,F401  (DP x TP x PP groups as process sets: hvdp.cluster.mesh)
+from .mesh import hierarchical_process_sets  # noqa: E402,F401  (hvdp.reduce.hierarchy's static process sets)
 from .optimizer import DistributedOptimizer  # noqa: E402,F401
 from .saving import load_checkpoint, load_model  # noqa: E402,F401
 from .syncbn import SyncBatchNormalization  # noqa: E402,F401

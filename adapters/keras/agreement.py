@@ -1,11 +1,13 @@
 """The ranks-agree check and failure reports on the backend's Horovod; the logic is the core's
-(``hvdp.agreement``, ``hvdp.failures``), this file only supplies the collective and the variables."""
+(``hvdp.cluster.agreement``, ``hvdp.cluster.failures``), this file only supplies the collective and the variables."""
 import horovod
 import numpy as np
 
-from hvdp import __version__, agreement
-from hvdp.failures import FailureReporter
-from hvdp.watchdog import StallWatchdog
+from hvdp import __version__
+
+from hvdp.cluster import agreement
+from hvdp.cluster.failures import FailureReporter
+from hvdp.cluster.watchdog import StallWatchdog
 
 from .backend import BACKEND as B
 

@@ -1,7 +1,7 @@
 """The one place where hvdp.keras depends on the Keras backend.
 
 Everything else in the adapter is written once, against :data:`BACKEND`: the backend's array
-ops (``hvdp.ops.ArrayOps``), its Horovod collectives (``hvdp.collectives``), where residuals
+ops (``hvdp.ops.ArrayOps``), its Horovod collectives (``hvdp.reduce.collectives``), where residuals
 live, and a few control-plane helpers. Keras' TensorFlow backend runs on horovod.tensorflow,
 its torch backend on horovod.torch; JAX has no Horovod ops.
 """

@@ -9,7 +9,7 @@ JSON, the arrays are read with ``allow_pickle=False``, the model by Keras in its
 
 **At another number of workers** the rule is the core's, the same as in ``hvdp.torch.checkpoint``:
 rank r takes what rank r saved, and its reducer's ``load_state_dict`` keeps what still fits
-(``hvdp.twophase.TwoPhaseReducer.load_state_dict``: a worker residual is kept where its padded
+(``hvdp.reduce.twophase.TwoPhaseReducer.load_state_dict``: a worker residual is kept where its padded
 bucket length is unchanged, the server residual, which belongs to this rank's chunk, restarts
 from zero); a rank that did not exist when saving starts from zero.
 """

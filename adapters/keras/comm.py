@@ -3,7 +3,7 @@ import re
 
 import horovod.tensorflow as _hvd
 
-from hvdp.collectives import AVERAGE, ProcessSetCollectives
+from hvdp.reduce.collectives import AVERAGE, ProcessSetCollectives
 
 
 def op_name(name: str) -> str:

@@ -9,7 +9,7 @@ the ``tf.function`` inside the function given to ``run`` (TensorFlow backend).
 import keras
 from horovod.common.elastic import ObjectState
 
-from hvdp.elastic import ElasticOrder
+from hvdp.cluster.elastic import ElasticOrder
 
 from .backend import BACKEND as B
 from .elastic_callbacks import CommitStateCallback, UpdateBatchStateCallback, UpdateEpochStateCallback  # noqa: F401
@@ -25,7 +25,7 @@ def run(func):
 
 
 class ElasticSampler(ElasticOrder):
-    """This rank's indices of every step; see :class:`hvdp.elastic.ElasticOrder` (without
+    """This rank's indices of every step; see :class:`hvdp.cluster.elastic.ElasticOrder` (without
     ``batch_size``: this rank's sample indices, as hvdp.torch's sampler in Horovod's form)."""
 
     def __init__(self, num_samples, batch_size=None, shuffle=True, seed=0):

@@ -1,11 +1,11 @@
 """``hvd.join()`` for hvdp's Keras optimizers, the in-graph join control, and ``JoinCallback``
-for ``model.fit`` with shards of different lengths. The rules are the core's (``hvdp.join``)."""
+for ``model.fit`` with shards of different lengths. The rules are the core's (``hvdp.reduce.join``)."""
 import gc
 
 import keras
 
-from hvdp.collectives import SUM
-from hvdp.join import CONTROL_NAME, JoinRefused, Registry, refusal
+from hvdp.reduce.collectives import SUM
+from hvdp.reduce.join import CONTROL_NAME, JoinRefused, Registry, refusal
 
 from .backend import BACKEND as B
 from .functions import broadcast_variables
@@ -41,7 +41,7 @@ def join(extra_variables=(), optimizers=None) -> int:
     join, so all ranks are identical. An optimizer whose join control is off while it has
     bf16/int8/int4/topk buckets (created with ``uneven_inputs=False`` or ``hierarchical=True``), or
     a ``DistributedGradientTape`` with such a codec, makes this raise
-    :class:`hvdp.join.JoinRefused`, saying why.
+    :class:`hvdp.reduce.join.JoinRefused`, saying why.
 
     Example::
 

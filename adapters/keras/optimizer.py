@@ -9,9 +9,9 @@ disagree and hang).
 """
 import keras
 
-from hvdp.collectives import AVERAGE, SUM
-from hvdp.plan import CompressionPolicy
-from hvdp.settings import ReduceSettings, compressor_name, is_low_rank
+from hvdp.reduce.collectives import AVERAGE, SUM
+from hvdp.reduce.plan import CompressionPolicy
+from hvdp.reduce.settings import ReduceSettings, compressor_name, is_low_rank
 
 from .agreement import REPORTER
 from .backend import BACKEND as B
@@ -89,7 +89,7 @@ class _Distributed:
     def compression_stats(self):
         """Bytes handed to collectives per update step by codec, vs a float32 ring allreduce
         (the same keys as hvdp.torch's); with compression="auto" also ``"auto"``."""
-        # steps: the reductions run, which count a traced step's record (see hvdp.engine)
+        # steps: the reductions run, which count a traced step's record (see hvdp.reduce.engine)
         return self._hvdp.engine.summary(steps=int(keras.ops.convert_to_numpy(self.iterations)))
 
 
@@ -127,7 +127,7 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     someone has joined. None (default): on wherever supported, off with ``hierarchical=True``
     (``hvd.join()`` then raises ``hvd.JoinRefused`` saying why); True: insist (an error where
     unsupported); False: off (no per-step control; ``hvd.join()`` with a two-phase codec is refused).
-    ``hierarchical=True``: float32 inside each node, the codec between nodes (``hvdp.hierarchy``;
+    ``hierarchical=True``: float32 inside each node, the codec between nodes (``hvdp.reduce.hierarchy``;
     needs process sets: ``hvd.init(process_sets="dynamic")`` or ``hvd.hierarchical_process_sets()``).
 
     Horovod's other arguments (by keyword: hvdp's order differs after ``name``): ``groups`` (or

@@ -1,4 +1,4 @@
-"""Horovod's own path for hvdp.keras (``hvdp.settings.PlainPath``): one allreduce per tensor,
+"""Horovod's own path for hvdp.keras (``hvdp.reduce.reducer.PlainPath``): one allreduce per tensor,
 cast to the wire dtype (or through the user's Horovod compressor, as Horovod does), cast back.
 Sparse gradients (``tf.IndexedSlices``) are gathered, never compressed, as in Horovod."""
 import keras

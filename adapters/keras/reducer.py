@@ -1,9 +1,9 @@
-"""Keras's driver of the core's engine (``hvdp.engine``), shared by the optimizer and the
+"""Keras's driver of the core's engine (``hvdp.reduce.engine``), shared by the optimizer and the
 gradient tape: the layout from the variables, and the step's warm-up and join decisions made
 inside the step (graph-safe: ``keras.ops.cond`` on TensorFlow's traced step)."""
 import keras
 
-from hvdp.engine import Engine
+from hvdp.reduce.engine import Engine
 
 from .agreement import VERSIONS, WATCHDOG, allgather_fixed, variable_entries
 from .backend import BACKEND as B

@@ -34,7 +34,7 @@ class DistributedGradientTape(tf.GradientTape):
         # trace; its reducer (and the residual variables) must be the same object each time.
         key = (tuple(map(str, self._hvdp_args)), tuple(id(v) for v in flat))
         if key not in TAPE_REDUCERS:
-            # no join control on a tape (hvd.join() refuses its two-phase buckets, hvdp.join)
+            # no join control on a tape (hvd.join() refuses its two-phase buckets, hvdp.reduce.join)
             TAPE_REDUCERS[key] = make_reducer(*self._hvdp_args, f"hvdp_tape_residual_{len(TAPE_REDUCERS)}",
                                               uneven_inputs=False)
             TAPE_REDUCERS[key].build(flat)

@@ -16,18 +16,18 @@ except ImportError as _e:
     raise _horovod_import_error("hvdp.torch", _e) from _e
 
 from hvdp import __version__  # noqa: F401
-from hvdp.plan import CompressionPolicy  # noqa: F401
-from hvdp.join import JoinRefused  # noqa: F401
+from hvdp.reduce.plan import CompressionPolicy  # noqa: F401
+from hvdp.reduce.join import JoinRefused  # noqa: F401
 
-from .bootstrap import init  # noqa: F401  (Horovod's, bootstrapped under torchrun / srun: hvdp.bootstrap)
+from .bootstrap import init  # noqa: F401  (Horovod's, bootstrapped under torchrun / srun: hvdp.cluster.bootstrap)
 from .agreement import broadcast_parameters  # noqa: F401  (checks the ranks agree first)
 from .checkpoint import load_checkpoint, save_checkpoint  # noqa: F401
 from .compression import Compression  # noqa: F401
 from .functions import broadcast_optimizer_state  # noqa: F401
-from .join import join  # noqa: F401  (Horovod's join, safe with every codec: hvdp.join)
+from .join import join  # noqa: F401  (Horovod's join, safe with every codec: hvdp.reduce.join)
 from . import kernels as _kernels  # noqa: F401  (registers the CUDA codec kernels)
-from .mesh import ProcessMesh  # noqa: F401  (DP x TP x PP groups as process sets: hvdp.mesh)
-from .mesh import hierarchical_process_sets  # noqa: F401  (hvdp.hierarchy's static process sets)
+from .mesh import ProcessMesh  # noqa: F401  (DP x TP x PP groups as process sets: hvdp.cluster.mesh)
+from .mesh import hierarchical_process_sets  # noqa: F401  (hvdp.reduce.hierarchy's static process sets)
 from .ops import TorchOps  # noqa: F401
 from .optimizer import DistributedOptimizer  # noqa: F401
 

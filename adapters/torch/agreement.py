@@ -1,13 +1,15 @@
 """The ranks-agree check's collective, failure reports and the stall watchdog on horovod.torch;
-the logic is the core's (``hvdp.agreement``, ``hvdp.failures``, ``hvdp.watchdog``; an optimizer's
+the logic is the core's (``hvdp.cluster.agreement``, ``hvdp.cluster.failures``, ``hvdp.cluster.watchdog``; an optimizer's
 description is its engine's)."""
 import horovod
 import horovod.torch as _hvd
 import torch
 
-from hvdp import __version__, agreement
-from hvdp.failures import FailureReporter
-from hvdp.watchdog import StallWatchdog
+from hvdp import __version__
+
+from hvdp.cluster import agreement
+from hvdp.cluster.failures import FailureReporter
+from hvdp.cluster.watchdog import StallWatchdog
 
 from .tensors import broadcast_
 

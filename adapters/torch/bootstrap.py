@@ -1,5 +1,5 @@
 """hvdp.torch's ``hvd.init``: Horovod's init, bootstrapped under torchrun-style launchers and srun
-(``hvdp.bootstrap``), through torch's ``TCPStore`` at the launcher's address.
+(``hvdp.cluster.bootstrap``), through torch's ``TCPStore`` at the launcher's address.
 
 Example::
 
@@ -11,7 +11,7 @@ from horovod.torch import init as _horovod_init
 from horovod.torch import is_initialized as _is_initialized
 from horovod.torch import size as _size
 
-from hvdp import bootstrap as _bootstrap
+from hvdp.cluster import bootstrap as _bootstrap
 
 
 def _group():

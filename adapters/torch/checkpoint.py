@@ -3,7 +3,7 @@
 hvdp's error-feedback residuals differ per rank, so each rank's are gathered into the file and
 each rank takes its own back. **At another number of workers** the rule is the core's, the same
 as in ``hvdp.keras.checkpoint``: rank r takes what rank r saved, and its reducer's
-``load_state_dict`` keeps what still fits (``hvdp.twophase.TwoPhaseReducer.load_state_dict``:
+``load_state_dict`` keeps what still fits (``hvdp.reduce.twophase.TwoPhaseReducer.load_state_dict``:
 a worker residual is kept where its padded bucket length is unchanged, the server residual,
 which belongs to this rank's chunk, restarts from zero); a rank that did not exist when saving
 starts from zero (its step count, the warm-up, is rank 0's: the same on every rank).

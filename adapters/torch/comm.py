@@ -1,11 +1,11 @@
-"""hvdp's collectives protocol (``hvdp.collectives``) on horovod.torch's async ops."""
+"""hvdp's collectives protocol (``hvdp.reduce.collectives``) on horovod.torch's async ops."""
 import itertools
 from collections import defaultdict
 from typing import Dict, Iterator
 
 import horovod.torch as _hvd
 
-from hvdp.collectives import AVERAGE, ProcessSetCollectives
+from hvdp.reduce.collectives import AVERAGE, ProcessSetCollectives
 
 from .agreement import WATCHDOG
 

@@ -28,13 +28,13 @@ from horovod.torch.elastic import TorchState, run  # noqa: F401
 from horovod.torch.elastic.state import (OptimizerStateHandler, StateHandler, get_handler_registry,
                                          set_handler_registry)
 
-from hvdp.elastic import ElasticOrder
+from hvdp.cluster.elastic import ElasticOrder
 
 from .functions import broadcast_optimizer_state
 
 
 class ElasticSampler(ElasticOrder, torch.utils.data.Sampler):
-    """Yields this rank's indices of every step; see :class:`hvdp.elastic.ElasticOrder`.
+    """Yields this rank's indices of every step; see :class:`hvdp.cluster.elastic.ElasticOrder`.
 
     With ``batch_size`` (hvdp's form), unlike Horovod's ``ElasticSampler``, it never pads the
     last step with repeated samples, and it counts what was processed per step block, so the

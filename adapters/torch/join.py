@@ -1,11 +1,11 @@
 """``hvd.join()`` for hvdp's torch optimizers, and their per-step join control.
 
-The rules are the core's (``hvdp.join``); this file supplies the collectives and the tensors.
+The rules are the core's (``hvdp.reduce.join``); this file supplies the collectives and the tensors.
 """
 import horovod.torch as _hvd
 import torch
 
-from hvdp.join import CONTROL_NAME, JoinRefused, Registry, refusal, someone_joined
+from hvdp.reduce.join import CONTROL_NAME, JoinRefused, Registry, refusal, someone_joined
 
 from .comm import synchronize
 from .functions import broadcast_optimizer_state
@@ -75,7 +75,7 @@ def join(device: int = -1) -> int:
     so all ranks are identical. Buffers the optimizer does not hold (e.g. BatchNorm statistics)
     are the caller's to broadcast. An optimizer whose join control is off while it has
     bf16/int8/int4/topk (or powersgd, or two-level) buckets makes this raise
-    :class:`hvdp.join.JoinRefused`, saying why: created with ``uneven_inputs=False``, powersgd,
+    :class:`hvdp.reduce.join.JoinRefused`, saying why: created with ``uneven_inputs=False``, powersgd,
     or ``hierarchical=True``.
 
     Example::

@@ -1,8 +1,8 @@
-"""``hvd.ProcessMesh`` on horovod.torch: the core's mesh (``hvdp.mesh``) with Horovod's process sets."""
+"""``hvd.ProcessMesh`` on horovod.torch: the core's mesh (``hvdp.cluster.mesh``) with Horovod's process sets."""
 import horovod.torch as _hvd
 
-from hvdp import hierarchy as _hierarchy
-from hvdp import mesh as _mesh
+from hvdp.reduce import hierarchy as _hierarchy
+from hvdp.cluster import mesh as _mesh
 
 from .agreement import allgather_fixed
 from .comm import TorchCollectives
@@ -23,7 +23,7 @@ def hierarchical_process_sets():
 
 
 def levels(process_set, instance):
-    """(local, cross) collectives of a two-level reduction (``hvdp.hierarchy.make_levels``)."""
+    """(local, cross) collectives of a two-level reduction (``hvdp.reduce.hierarchy.make_levels``)."""
     scope = f"hvdp.opt{instance}."
     local, cross, _ = _hierarchy.make_levels(HV, _hvd.cross_rank(), _hvd.local_rank(), allgather_fixed(),
                                              lambda ps: TorchCollectives(ps, scope=scope), process_set)

@@ -1,5 +1,5 @@
 """``hvd.DistributedOptimizer``: Horovod's semantics (hooks, delay counters, skip_synchronize)
-driving hvdp's engine (``hvdp.engine``: plan, codecs, buckets, auto, statistics, residuals).
+driving hvdp's engine (``hvdp.reduce.engine``: plan, codecs, buckets, auto, statistics, residuals).
 
 The returned object is an instance of a class made on the fly as a subclass of the user's
 optimizer class (as Horovod does), so ``step``, ``zero_grad``, ``state_dict``, LR schedulers and
@@ -13,11 +13,11 @@ from contextlib import contextmanager
 import horovod.torch as _hvd
 import torch
 
-from hvdp.collectives import AVERAGE, SUM
+from hvdp.reduce.collectives import AVERAGE, SUM
 from hvdp.config import compile_codecs_default, elastic_mode
-from hvdp.engine import Engine
-from hvdp.plan import CompressionPolicy
-from hvdp.settings import ReduceSettings, compressor_name, is_low_rank, is_two_phase
+from hvdp.reduce.engine import Engine
+from hvdp.reduce.plan import CompressionPolicy
+from hvdp.reduce.settings import ReduceSettings, compressor_name, is_low_rank, is_two_phase
 
 from .agreement import REPORTER, VERSIONS, allgather_fixed
 from .comm import TorchCollectives, next_instance
@@ -42,7 +42,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         comm = TorchCollectives(process_set, scope=f"hvdp.opt{settings.instance}.")
         self._comm, self._groups_arg = comm, groups
         self._all_names = {id(p): k for k, p in named(self.param_groups, named_parameters)}
-        # uneven inputs (hvdp.join): a per-step "has anyone joined?" for the two-phase buckets
+        # uneven inputs (hvdp.reduce.join): a per-step "has anyone joined?" for the two-phase buckets
         self._join = StepControl(comm) if (settings.uneven_inputs and settings.two_phase) else None
         ctl = weakref.ref(self._join) if self._join is not None else None  # the hooks must not keep self
         self.engine = Engine(settings, _OPS, comm, TorchPlain(comm, settings.op, settings.predivide, hvd_compressor),
@@ -282,17 +282,17 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     Horovod's arguments keep Horovod's meaning. ``compression`` also takes a codec name
     ("none", "fp16", "bf16", "int8", "topk", "powersgd"), an ``hvd.Compression`` member, or "auto"
     (``hvd.Compression.auto``: hvdp probes the link and codecs at the first step and picks a
-    codec per bucket, see ``hvdp.auto``); ``policy`` an
+    codec per bucket, see ``hvdp.reduce.auto``); ``policy`` an
     :class:`hvdp.CompressionPolicy` (size threshold, name patterns, warm-up, fusion, error feedback);
     ``compile_codecs`` fuses the codec with torch.compile (default: env ``HVDP_COMPILE_CODECS=1``);
     ``uneven_inputs``: ranks with fewer batches may call ``hvd.join()`` with any codec (with a
     bf16/int8/int4/topk codec one tiny allreduce per step tells the ranks whether someone has
-    joined; see ``hvdp.join``). None (default): on wherever supported, off with
+    joined; see ``hvdp.reduce.join``). None (default): on wherever supported, off with
     ``hierarchical=True`` or powersgd (``hvd.join()`` then raises ``hvd.JoinRefused`` saying why);
     True: insist (an error where unsupported); False: off (Horovod's behaviour, no per-step
     control; ``hvd.join()`` with a two-phase codec is refused);
     ``hierarchical=True`` reduces in two levels: float32 inside each node, the codec between
-    nodes (``hvdp.hierarchy``; needs Horovod's process sets: ``hvd.init(process_sets="dynamic")``
+    nodes (``hvdp.reduce.hierarchy``; needs Horovod's process sets: ``hvd.init(process_sets="dynamic")``
     or ``hvd.init(process_sets=hvd.hierarchical_process_sets())``).
 
     Example::

@@ -1,4 +1,4 @@
-"""Horovod's own path on horovod.torch (``hvdp.settings.PlainPath``), for the gradients hvdp does
+"""Horovod's own path on horovod.torch (``hvdp.reduce.reducer.PlainPath``), for the gradients hvdp does
 not reduce in two phases: compress (a cast, or the user's Horovod compressor), sum/average with
 Horovod's allreduce (one grouped allreduce for a group), decompress. Sparse gradients go
 through Horovod's sparse allreduce.
@@ -8,7 +8,7 @@ from typing import Any, List, NamedTuple, Optional
 import horovod.torch as _hvd
 import torch
 
-from hvdp.collectives import SUM
+from hvdp.reduce.collectives import SUM
 
 from .comm import synchronize
 from .tensors import SUMMABLE, for_sum, write_back

@@ -15,7 +15,7 @@ class Compression:
     """Codec objects by name, the ``hvd.Compression`` of both adapters:
     ``Compression.int8``, ``Compression.topk.configure(ratio=0.05)``,
     ``Compression.powersgd.configure(rank=4)``; ``Compression.auto``
-    lets hvdp choose per bucket (``hvdp.auto``)."""
+    lets hvdp choose per bucket (``hvdp.reduce.auto``)."""
 
     none = get("none")
     fp16 = get("fp16")

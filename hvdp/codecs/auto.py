@@ -1,5 +1,5 @@
 """``compression="auto"``: the settings of hvdp's chooser. It is not a codec (it encodes nothing):
-it names the codecs a bucket may get, and ``hvdp.auto`` picks one per bucket from measurements."""
+it names the codecs a bucket may get, and ``hvdp.reduce.auto`` picks one per bucket from measurements."""
 from __future__ import annotations
 
 import dataclasses
@@ -25,9 +25,9 @@ class Auto:
             the less-work one by more than this fraction (ties go to less work, in the order
             none, then by measured codec cost).
         trial_steps: after the probe, K steps uncompressed then K steps with the probe's
-            choice, timed; the choice stays only if it is faster (see ``hvdp.chooser``).
+            choice, timed; the choice stays only if it is faster (see ``hvdp.reduce.chooser``).
             0: the probe's model alone decides.
-        costs: a measured :class:`hvdp.auto.CostTable` to decide from instead of probing
+        costs: a measured :class:`hvdp.reduce.auto.CostTable` to decide from instead of probing
             (e.g. one printed by ``compression_stats()``); the same on every rank. No trial.
 
     Example::

@@ -15,7 +15,7 @@ class Codec:
     A payload's size depends only on the chunk length (``payload_nbytes``), so payloads of equal
     chunks can travel in one alltoall / allgather. ``summable`` codecs (a plain dtype cast) keep
     Horovod's contract: their cast survives a sum-allreduce and they use Horovod's allreduce.
-    The others go through hvdp's two-phase reduction (see ``hvdp.twophase``).
+    The others go through hvdp's two-phase reduction (see ``hvdp.reduce.twophase``).
     """
 
     name: ClassVar[str] = ""

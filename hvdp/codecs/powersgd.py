@@ -9,7 +9,7 @@ the factor Q kept from the step before (warm start)::
 so (n + m) * r floats travel instead of n * m. Only matrices where that pays by
 ``min_compression_rate`` are compressed; vectors and the rest of a bucket go by one plain
 allreduce. Error feedback keeps M - P Q^T for the next step. The work is
-:class:`hvdp.lowrank.LowRankReducer`'s: this class holds the settings (its ``__str__`` is what the
+:class:`hvdp.reduce.lowrank.LowRankReducer`'s: this class holds the settings (its ``__str__`` is what the
 ranks-agree check compares) and the decision of what to compress.
 
 Example::
@@ -67,10 +67,10 @@ class PowerSGD(Codec):
         return n, m, r
 
     def payload_nbytes(self, n):
-        raise NotImplementedError("powersgd has no per-chunk payload: hvdp.lowrank reduces it by allreduce")
+        raise NotImplementedError("powersgd has no per-chunk payload: hvdp.reduce.lowrank reduces it by allreduce")
 
     def encode(self, ops, x):
-        raise NotImplementedError("powersgd needs tensor shapes: hvdp.lowrank.LowRankReducer reduces it")
+        raise NotImplementedError("powersgd needs tensor shapes: hvdp.reduce.lowrank.LowRankReducer reduces it")
 
     def decode(self, ops, payload, n):
-        raise NotImplementedError("powersgd needs tensor shapes: hvdp.lowrank.LowRankReducer reduces it")
+        raise NotImplementedError("powersgd needs tensor shapes: hvdp.reduce.lowrank.LowRankReducer reduces it")

@@ -143,7 +143,7 @@ def _directories(key: str, notes: List[str], refused: List[str]) -> Iterator[str
             continue
         yield d
     try:
-        d = tempfile.mkdtemp(prefix="hvdp-kernels-")
+        d = tempfile.mkdtemp(prefix="hvdp-kernels-tmp-")  # never read as hvdp-kernels-<uid>
     except OSError as e:
         notes.append(f"a private directory in {tempfile.gettempdir()}: {e.strerror or e}")
         return

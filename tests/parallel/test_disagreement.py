@@ -123,7 +123,7 @@ def test_torch_rank_that_exits_early(controller):
 # Horovod 0.28.1's stall inspector shuts a job down over MPI (with
 # HOROVOD_STALL_SHUTDOWN_TIME_SECONDS), but over Gloo it never fires (measured: no warning, no
 # shutdown, also with HOROVOD_CACHE_CAPACITY=0 and for a tensor never seen before). hvdp's watchdog
-# (hvdp/watchdog.py) ends the stall over either controller.
+# (hvdp/cluster/watchdog.py) ends the stall over either controller.
 def test_torch_stall_ends_with_missing_rank_and_tensor_mpi():
     # rank 1 stalls (a long evaluation on one rank); the inspector must end it at ~6 s, before
     # hvdp's watchdog (default 600 s)

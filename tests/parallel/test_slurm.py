@@ -1,7 +1,7 @@
 """hvdp.torch under Slurm's srun, without horovodrun: a one-node Slurm cluster (Debian's slurm-wlm
 and munge) started by the test as root in a private directory (its own munge socket and ports),
 two tasks of the torchrun checks; hvd.init() bootstraps Horovod's Gloo controller from SLURM_*
-(hvdp.bootstrap). Skipped, with the reason, where the cluster cannot start."""
+(hvdp.cluster.bootstrap). Skipped, with the reason, where the cluster cannot start."""
 import os
 import shutil
 import signal

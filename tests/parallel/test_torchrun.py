@@ -1,5 +1,5 @@
 """hvdp.torch under torchrun, without horovodrun: hvd.init() bootstraps Horovod's Gloo controller
-from torchrun's variables (hvdp.bootstrap). Three jobs of one script (int8 checks, five losses):
+from torchrun's variables (hvdp.cluster.bootstrap). Three jobs of one script (int8 checks, five losses):
 ``horovodrun --gloo`` once for the module, ``torchrun --standalone --nproc-per-node 2``, and two
 torchrun "nodes" (``--nnodes 2 --node-rank 0|1 --nproc-per-node 1`` on loopback, the host names
 made distinct with HOROVOD_HOSTNAME so that hvdp plans two hosts of one rank each). Each torchrun

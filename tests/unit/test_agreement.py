@@ -1,10 +1,10 @@
-"""The ranks-agree check (hvdp.agreement), with P simulated ranks on threads: no processes."""
+"""The ranks-agree check (hvdp.cluster.agreement), with P simulated ranks on threads: no processes."""
 import threading
 
 import pytest
 
-from hvdp import agreement
-from hvdp.agreement import DisagreementError, check, describe, differences, explain
+from hvdp.cluster import agreement
+from hvdp.cluster.agreement import DisagreementError, check, describe, differences, explain
 
 W = [("0.weight", (20, 10), "float32", True), ("0.bias", (20,), "float32", True)]
 

@@ -6,16 +6,16 @@ import numpy as np
 import pytest
 
 from hvdp import codecs
-from hvdp.auto import CostTable, Line, decide, decide_uniform, predict
-from hvdp.chooser import Chooser
+from hvdp.reduce.auto import CostTable, Line, decide, decide_uniform, predict
+from hvdp.reduce.chooser import Chooser
 from hvdp.codecs import Compression
 from hvdp.codecs.auto import Auto
 from hvdp.codecs.resolve import resolve
-from hvdp.mixed import MixedReducer
+from hvdp.reduce.mixed import MixedReducer
 from hvdp.ops import NumpyOps
-from hvdp.probe import LoopbackComm, measure
-from hvdp.simcomm import FakeGroup
-from hvdp.twophase import TwoPhaseReducer
+from hvdp.reduce.probe import LoopbackComm, measure
+from hvdp.reduce.simcomm import FakeGroup
+from hvdp.reduce.twophase import TwoPhaseReducer
 
 OPS = NumpyOps()
 NONE, FP16, BF16, INT8, TOPK = (codecs.get(n) for n in ("none", "fp16", "bf16", "int8", "topk"))

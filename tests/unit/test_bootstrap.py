@@ -1,10 +1,10 @@
-"""hvdp.bootstrap without processes: launcher detection, Slurm node lists, Horovod's local/cross
+"""hvdp.cluster.bootstrap without processes: launcher detection, Slurm node lists, Horovod's local/cross
 plan, the size refusal, and the store protocol with a fake store and threads (no Horovod)."""
 import threading
 
 import pytest
 
-from hvdp import bootstrap as bs
+from hvdp.cluster import bootstrap as bs
 
 TORCHRUN = {"RANK": "1", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
             "MASTER_ADDR": "node01", "MASTER_PORT": "29500", "TORCHELASTIC_RUN_ID": "x"}

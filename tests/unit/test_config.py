@@ -6,10 +6,12 @@ import re
 
 import pytest
 
-from hvdp import agreement, config, mesh
-from hvdp.boards import DirBoard, board_from_env
+from hvdp.cluster import agreement, mesh
+
+from hvdp import config
+from hvdp.cluster.boards import DirBoard, board_from_env
 from hvdp.kernels import registry
-from hvdp.plan import DEFAULT_FUSION_BYTES, DEFAULT_MIN_ELEMENTS, CompressionPolicy
+from hvdp.reduce.plan import DEFAULT_FUSION_BYTES, DEFAULT_MIN_ELEMENTS, CompressionPolicy
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ON = ["1", "true", "TRUE", "Yes", "on", " ON "]

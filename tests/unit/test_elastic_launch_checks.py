@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from hvdp.launch import LaunchError, check_args
+from hvdp.cluster.launch import LaunchError, check_args
 
 
 @pytest.fixture

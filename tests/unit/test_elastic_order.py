@@ -3,7 +3,7 @@ import collections
 
 import pytest
 
-from hvdp.elastic import ElasticOrder
+from hvdp.cluster.elastic import ElasticOrder
 
 
 class World:

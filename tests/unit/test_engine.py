@@ -4,12 +4,12 @@ import numpy as np
 import pytest
 
 from hvdp import codecs
-from hvdp.collectives import AVERAGE, SUM
-from hvdp.engine import Engine
+from hvdp.reduce.collectives import AVERAGE, SUM
+from hvdp.reduce.engine import Engine
 from hvdp.ops import NumpyOps
-from hvdp.plan import CompressionPolicy
-from hvdp.settings import ReduceSettings, is_two_phase
-from hvdp.simcomm import FakeGroup
+from hvdp.reduce.plan import CompressionPolicy
+from hvdp.reduce.settings import ReduceSettings, is_two_phase
+from hvdp.reduce.simcomm import FakeGroup
 
 OPS = NumpyOps()
 SHAPES = [(64, 40), (40,), (40, 30), (30,)]
@@ -169,7 +169,7 @@ def test_replan_keeps_only_the_residuals_of_unchanged_buckets():
 
 
 def test_auto_with_a_given_table_decides_per_bucket_and_uniformly():
-    from hvdp.auto import CostTable, Line
+    from hvdp.reduce.auto import CostTable, Line
     links = {k: Line(1e-4, 1e-6) for k in ("allreduce.float32", "allreduce.float16", "alltoall", "allgather")}
     table = CostTable(2, links, {"int8(block_size=256)": Line(0, 1e-12)})
     auto = codecs.Compression.auto.configure(candidates=("int8",), costs=table)

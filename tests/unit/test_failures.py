@@ -1,4 +1,4 @@
-"""Failure reports between ranks (hvdp.failures), with a directory board and a fake KV store."""
+"""Failure reports between ranks (hvdp.cluster.failures), with a directory board and a fake KV store."""
 import http.server
 import os
 import stat
@@ -8,9 +8,9 @@ import threading
 
 import pytest
 
-from hvdp import failures
-from hvdp.boards import DirBoard, KVBoard, board_from_env
-from hvdp.failures import FailureReporter, explain
+from hvdp.cluster import failures
+from hvdp.cluster.boards import DirBoard, KVBoard, board_from_env
+from hvdp.cluster.failures import FailureReporter, explain
 from hvdp.private import Refused
 
 

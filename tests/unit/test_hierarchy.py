@@ -1,4 +1,4 @@
-"""The two-level reduction (hvdp.hierarchy) on simulated nodes: every codec against the exact
+"""The two-level reduction (hvdp.reduce.hierarchy) on simulated nodes: every codec against the exact
 float64 average under its bound, ranks bit-identical, none equal to the flat reduction, the
 bytes that cross nodes, the residual rules, the topology checks and the settings' refusals."""
 import threading
@@ -8,15 +8,15 @@ import pytest
 
 from hvdp import codecs
 from hvdp.codecs.auto import Auto
-from hvdp.collectives import AVERAGE, SUM
-from hvdp.engine import Engine
-from hvdp.hierarchy import HierarchicalReducer, HierarchyError, static_groups, topology
+from hvdp.reduce.collectives import AVERAGE, SUM
+from hvdp.reduce.engine import Engine
+from hvdp.reduce.hierarchy import HierarchicalReducer, HierarchyError, static_groups, topology
 from hvdp.ops import NumpyOps
-from hvdp.plan import CompressionPolicy
-from hvdp.settings import ReduceSettings
-from hvdp.simcomm import FakeGroup
-from hvdp.stats import WireStats
-from hvdp.twophase import TwoPhaseReducer
+from hvdp.reduce.plan import CompressionPolicy
+from hvdp.reduce.settings import ReduceSettings
+from hvdp.reduce.simcomm import FakeGroup
+from hvdp.reduce.stats import WireStats
+from hvdp.reduce.twophase import TwoPhaseReducer
 
 from test_engine import NumpyPlain, gather
 
@@ -220,10 +220,10 @@ def test_settings_refuse_what_two_levels_cannot_run(kw, match):
 
 
 class _FakeSets:
-    """What make_levels needs of an adapter's Horovod (hvdp.mesh.HorovodSets), recording adds."""
+    """What make_levels needs of an adapter's Horovod (hvdp.cluster.mesh.HorovodSets), recording adds."""
 
     def __init__(self, rank, size):
-        from hvdp.mesh import HorovodSets
+        from hvdp.cluster.mesh import HorovodSets
         self.added = []
 
         class PS:
@@ -238,8 +238,8 @@ class _FakeSets:
 
 
 def test_make_levels_adds_the_sets_or_says_how(monkeypatch):
-    from hvdp import mesh
-    from hvdp.hierarchy import make_levels
+    from hvdp.cluster import mesh
+    from hvdp.reduce.hierarchy import make_levels
     monkeypatch.setattr(mesh, "_KNOWN", {})
     places = [(0, 0), (0, 1), (1, 0), (1, 1)]
     gather = lambda data, name: [np.array(p, "<i4").tobytes() for p in places]  # noqa: E731

@@ -1,15 +1,15 @@
-"""hvdp.join on simulated workers: the joined-step path, its residual rule, the decision."""
+"""hvdp.reduce.join on simulated workers: the joined-step path, its residual rule, the decision."""
 import gc
 
 import numpy as np
 import pytest
 
 from hvdp import codecs
-from hvdp.collectives import AVERAGE, SUM
-from hvdp.join import (JoinableReducer, Registry, joined_average, refusal, someone_joined)
+from hvdp.reduce.collectives import AVERAGE, SUM
+from hvdp.reduce.join import (JoinableReducer, Registry, joined_average, refusal, someone_joined)
 from hvdp.ops import NumpyOps
-from hvdp.simcomm import FakeGroup
-from hvdp.twophase import TwoPhaseReducer
+from hvdp.reduce.simcomm import FakeGroup
+from hvdp.reduce.twophase import TwoPhaseReducer
 
 OPS = NumpyOps()
 TWO_PHASE = ["bf16", "int8", "topk"]
@@ -31,8 +31,9 @@ def step(reds, grads, active, name="b0"):
             pend[r] = red.start(name, g)
         else:  # Horovod's join: zeros of the same size
             _, padded = red.layout(g.size)
-            red.comm.allreduce_async(np.zeros(padded, np.float32), f"hvdp.join.{name}", red.op, 1.0,
-                                     red.postscale)
+            inner = red.inner  # the two-phase reducer the join control wraps
+            inner.comm.allreduce_async(np.zeros(padded, np.float32), f"hvdp.join.{name}", inner.op, 1.0,
+                                       inner.postscale)
     for r, p in pend.items():
         reds[r].exchange(p)
     return {r: reds[r].finish(p) for r, p in pend.items()}
@@ -156,8 +157,8 @@ def test_refusal_names_the_fix():
     ("powersgd", {}, False, "low_rank"),
 ])
 def test_uneven_inputs_default_is_on_where_supported(codec, kw, resolved, off):
-    from hvdp.plan import CompressionPolicy
-    from hvdp.settings import ReduceSettings
+    from hvdp.reduce.plan import CompressionPolicy
+    from hvdp.reduce.settings import ReduceSettings
     s = ReduceSettings(codecs.get(codec), CompressionPolicy(), **kw)
     assert s.uneven_inputs is resolved and s.join_off == off
     assert s.uneven_requested == kw.get("uneven_inputs")

@@ -109,8 +109,8 @@ def test_tf_traced_step_with_nonfinite_result_rolls_back_the_residuals():
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "adapters", "keras"))
     from ops import TFOps
 
-    from hvdp.simcomm import FakeGroup
-    from hvdp.twophase import TwoPhaseReducer
+    from hvdp.reduce.simcomm import FakeGroup
+    from hvdp.reduce.twophase import TwoPhaseReducer
 
     class VariableStore:  # as hvdp.keras keeps residuals on TensorFlow: assigned variables
         def __init__(self):
@@ -170,8 +170,8 @@ def test_tf_eager_kernels_on_host_copies_with_an_in_memory_store():
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "adapters", "keras"))
     from ops import TFOps
 
-    from hvdp.simcomm import FakeGroup
-    from hvdp.twophase import TwoPhaseReducer
+    from hvdp.reduce.simcomm import FakeGroup
+    from hvdp.reduce.twophase import TwoPhaseReducer
 
     class One:
         size, rank = 1, 0

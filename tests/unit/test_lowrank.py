@@ -6,13 +6,13 @@ import pytest
 
 from hvdp import codecs
 from hvdp.codecs.auto import Auto
-from hvdp.collectives import AVERAGE, SUM
-from hvdp.engine import Engine
-from hvdp.lowrank import LowRankReducer, seeded_init
+from hvdp.reduce.collectives import AVERAGE, SUM
+from hvdp.reduce.engine import Engine
+from hvdp.reduce.lowrank import LowRankReducer, seeded_init
 from hvdp.ops import NumpyOps
-from hvdp.plan import CompressionPolicy
-from hvdp.settings import ReduceSettings, is_low_rank, is_two_phase
-from hvdp.simcomm import FakeGroup
+from hvdp.reduce.plan import CompressionPolicy
+from hvdp.reduce.settings import ReduceSettings, is_low_rank, is_two_phase
+from hvdp.reduce.simcomm import FakeGroup
 
 OPS = NumpyOps()
 # compressed at rank 2: (32, 24) and (8, 4, 5) seen as 8 x 20; uncompressed: the vector and the
@@ -362,7 +362,7 @@ def test_store_made_as_zeros_gives_the_same_steps():
 
 
 def test_join_refusal_names_the_fix():
-    from hvdp.join import refusal
+    from hvdp.reduce.join import refusal
     msg = refusal("powersgd", "torch")
     assert "does not support uneven inputs" in msg and "same number of steps" in msg
     assert "alltoall" in refusal("int8", "torch") and "alltoall" in refusal("auto", "keras")

@@ -10,9 +10,9 @@ import pytest
 tf = pytest.importorskip("tensorflow")
 
 from hvdp import codecs  # noqa: E402
-from hvdp.lowrank import LowRankReducer  # noqa: E402
+from hvdp.reduce.lowrank import LowRankReducer  # noqa: E402
 from hvdp.ops import NumpyOps  # noqa: E402
-from hvdp.simcomm import FakeGroup  # noqa: E402
+from hvdp.reduce.simcomm import FakeGroup  # noqa: E402
 
 SHAPES = [(32, 24), (16,), (8, 4, 5), (4, 4)]
 N = sum(int(np.prod(s)) for s in SHAPES)

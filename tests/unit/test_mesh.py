@@ -1,8 +1,8 @@
-"""hvdp.mesh: rank order, coordinates, groups, and the errors that name the fix (no processes)."""
+"""hvdp.cluster.mesh: rank order, coordinates, groups, and the errors that name the fix (no processes)."""
 import pytest
 
-from hvdp import mesh
-from hvdp.mesh import Coords, HorovodSets, MeshError, MeshLayout, ProcessMesh
+from hvdp.cluster import mesh
+from hvdp.cluster.mesh import Coords, HorovodSets, MeshError, MeshLayout, ProcessMesh
 
 
 def test_rank_order_tp_innermost_then_dp_then_pp():

@@ -1,6 +1,6 @@
 import pytest
 
-from hvdp.plan import CompressionPolicy, make_plan
+from hvdp.reduce.plan import CompressionPolicy, make_plan
 
 
 def test_small_excluded_and_nonfloat_tensors_stay_plain():

@@ -36,9 +36,9 @@ dist = pytest.importorskip("torch.distributed")
 hook_mod = pytest.importorskip("torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook")
 
 from hvdp import codecs  # noqa: E402
-from hvdp.lowrank import LowRankReducer  # noqa: E402
+from hvdp.reduce.lowrank import LowRankReducer  # noqa: E402
 from hvdp.ops import NumpyOps  # noqa: E402
-from hvdp.simcomm import FakeGroup  # noqa: E402
+from hvdp.reduce.simcomm import FakeGroup  # noqa: E402
 
 # two of the same shape (the hook draws Qs grouped by shape), a conv-like 4-D weight, a vector,
 # a matrix too small to compress at rank 2

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 import hvdp
-from hvdp.plan import CompressionPolicy
+from hvdp.reduce.plan import CompressionPolicy
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DOTTED = re.compile(r"\bhvdp(?:\.[a-z_][a-z_0-9]*)*\.[A-Z][A-Za-z_0-9]*")

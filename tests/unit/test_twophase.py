@@ -2,12 +2,12 @@
 import numpy as np
 import pytest
 
-from hvdp.simcomm import FakeGroup
+from hvdp.reduce.simcomm import FakeGroup
 from hvdp import codecs
-from hvdp.collectives import AVERAGE, SUM
+from hvdp.reduce.collectives import AVERAGE, SUM
 from hvdp.ops import NumpyOps
-from hvdp.stats import WireStats
-from hvdp.twophase import TwoPhaseReducer, chunk_length
+from hvdp.reduce.stats import WireStats
+from hvdp.reduce.twophase import TwoPhaseReducer, chunk_length
 
 OPS = NumpyOps()
 

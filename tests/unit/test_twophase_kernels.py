@@ -4,13 +4,13 @@ import numpy as np
 import pytest
 
 from hvdp import codecs
-from hvdp.collectives import AVERAGE, SUM
+from hvdp.reduce.collectives import AVERAGE, SUM
 from hvdp.kernels.base import Unavailable
 from hvdp.kernels.build import find_compiler
 from hvdp.ops import NumpyOps
-from hvdp.simcomm import FakeGroup
-from hvdp.stats import WireStats
-from hvdp.twophase import TwoPhaseReducer
+from hvdp.reduce.simcomm import FakeGroup
+from hvdp.reduce.stats import WireStats
+from hvdp.reduce.twophase import TwoPhaseReducer
 
 OPS = NumpyOps()
 try:

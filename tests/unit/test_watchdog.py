@@ -1,12 +1,12 @@
-"""The stall watchdog (hvdp.watchdog) with a fake clock and a directory board: when it fires,
+"""The stall watchdog (hvdp.cluster.watchdog) with a fake clock and a directory board: when it fires,
 which ranks it names, what the waiting rank raises, and that it stays out of healthy waits."""
 import json
 
 import pytest
 
-from hvdp.boards import DirBoard
-from hvdp.failures import FailureReporter, parse_reports
-from hvdp.watchdog import NOTE_KEY, StallError, StallWatchdog
+from hvdp.cluster.boards import DirBoard
+from hvdp.cluster.failures import FailureReporter, parse_reports
+from hvdp.cluster.watchdog import NOTE_KEY, StallError, StallWatchdog
 
 
 class Clock:

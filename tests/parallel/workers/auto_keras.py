@@ -8,8 +8,8 @@ import keras
 import numpy as np
 
 import hvdp.keras as hvd
-from hvdp.agreement import DisagreementError
-from hvdp.auto import CostTable, Line
+from hvdp.cluster.agreement import DisagreementError
+from hvdp.reduce.auto import CostTable, Line
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from keras_checks import LOSS, allgathered, data, shard  # noqa: E402

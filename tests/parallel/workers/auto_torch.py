@@ -7,8 +7,8 @@ import sys
 import torch
 
 import hvdp.torch as hvd
-from hvdp.agreement import DisagreementError
-from hvdp.auto import CostTable, Line
+from hvdp.cluster.agreement import DisagreementError
+from hvdp.reduce.auto import CostTable, Line
 
 # max |param difference| after a few SGD steps, 2 workers vs 1 worker on the same global batch,
 # by the coarsest codec auto chose (float32 summation order alone: 1e-5)

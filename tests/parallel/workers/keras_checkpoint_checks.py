@@ -1,6 +1,6 @@
 """hvdp.keras checkpoints under real workers: the ModelCheckpoint callback, resume at the same
 size, and at another number of workers (the residual rule of
-``hvdp.twophase.TwoPhaseReducer.load_state_dict``); run as checks of keras_checks.py (its jobs)."""
+``hvdp.reduce.twophase.TwoPhaseReducer.load_state_dict``); run as checks of keras_checks.py (its jobs)."""
 import os
 import tempfile
 
@@ -114,10 +114,10 @@ def check_save_for_other_size():
 def check_resume_other_size():
     """Run at another number of workers (1, 3) on the checkpoint check_save_for_other_size wrote
     with 2: the rule of hvdp.keras.checkpoint (the same as torch's; it lives in
-    hvdp.twophase.TwoPhaseReducer.load_state_dict): rank r keeps the worker residual rank r saved
+    hvdp.reduce.twophase.TwoPhaseReducer.load_state_dict): rank r keeps the worker residual rank r saved
     where the bucket's padded length is unchanged, else zero; the server residual from zero; a
     rank that did not exist from zero."""
-    from hvdp.twophase import chunk_length
+    from hvdp.reduce.twophase import chunk_length
     from hvdp.keras.checkpoint import read_residuals
     path = os.path.join(os.environ["HVDP_TEST_CKPT_DIR"], "other_size.keras")
     per_rank, _ = read_residuals(path)

@@ -192,7 +192,7 @@ def check_powersgd(rank=2):
     gradients, then fit (a traced step on TensorFlow) keeps the ranks bit-identical and trains."""
     codec = hvd.Compression.powersgd.configure(rank=rank)
     policy = hvd.CompressionPolicy(min_elements=1)
-    from hvdp.lowrank import seeded_init
+    from hvdp.reduce.lowrank import seeded_init
     from reduction_bounds import reference_powersgd
     x, y = data(32 * hvd.size())
     xs, ys = shard(x, y, 32)

@@ -9,9 +9,9 @@ import numpy as np
 import torch
 
 import hvdp.torch as hvd
-from hvdp.mesh import MeshError
-from hvdp.stats import ring_allreduce_bytes, two_phase_bytes
-from hvdp.twophase import chunk_length
+from hvdp.cluster.mesh import MeshError
+from hvdp.reduce.stats import ring_allreduce_bytes, two_phase_bytes
+from hvdp.reduce.twophase import chunk_length
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)

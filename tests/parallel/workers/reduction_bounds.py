@@ -7,8 +7,8 @@ import numpy as np
 
 from hvdp import codecs
 from hvdp.ops import NumpyOps
-from hvdp.simcomm import FakeGroup
-from hvdp.twophase import TwoPhaseReducer
+from hvdp.reduce.simcomm import FakeGroup
+from hvdp.reduce.twophase import TwoPhaseReducer
 
 # one rounding of each input and one of the reduced value
 REL = {"fp16": 2 ** -11, "bf16": 2 ** -8}
@@ -66,11 +66,11 @@ def check_reduced(codec, per_rank, got, buckets, rtol_ref=1e-6, reference=None, 
 
 
 def reference_two_level(codec, flats, local_of, cross_of):
-    """The numpy reference of the two-level reduction (``hvdp.hierarchy``), first step:
+    """The numpy reference of the two-level reduction (``hvdp.reduce.hierarchy``), first step:
     ``local_of[r]`` / ``cross_of[r]``: (group index, index in it) of rank r."""
     import threading
 
-    from hvdp.hierarchy import HierarchicalReducer
+    from hvdp.reduce.hierarchy import HierarchicalReducer
     p = len(flats)
     n_local = max(g for g, _ in local_of) + 1
     n_cross = max(g for g, _ in cross_of) + 1

@@ -1,5 +1,5 @@
 """hvdp.torch checkpoints under real workers: resume at the same size, and at another number of
-workers (the residual rule of ``hvdp.twophase.TwoPhaseReducer.load_state_dict``); run as checks of
+workers (the residual rule of ``hvdp.reduce.twophase.TwoPhaseReducer.load_state_dict``); run as checks of
 torch_checks.py (its jobs)."""
 import torch
 
@@ -85,7 +85,7 @@ def check_resume_other_size():
 
     import numpy as np
 
-    from hvdp.twophase import chunk_length
+    from hvdp.reduce.twophase import chunk_length
     path = os.path.join(os.environ["HVDP_TEST_CKPT_DIR"], OTHER_SIZE_FILE)
     saved = torch.load(path, weights_only=True)
     per_rank = saved["hvdp_per_rank"]

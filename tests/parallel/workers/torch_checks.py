@@ -156,7 +156,7 @@ def check_powersgd(rank=2, steps=4):
     """powersgd through the DistributedOptimizer: the first step's averaged gradients against the
     float64 numpy replay of both ranks' gradients; training keeps the ranks bit-identical; its
     state (residuals, warm-start Q) is in the optimizer's state_dict."""
-    from hvdp.lowrank import seeded_init
+    from hvdp.reduce.lowrank import seeded_init
     from reduction_bounds import reference_powersgd
     model, x, y = model_and_data(seed=5)
     twin = copy.deepcopy(model)

@@ -23,7 +23,7 @@ import json
 import struct
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from .config import HVDP_CHECK_AGREEMENT, check_agreement
+from ..config import HVDP_CHECK_AGREEMENT, check_agreement
 
 DIGEST_BYTES = 32
 MAX_SHOWN = 5  # differences named in the error; the rest are counted

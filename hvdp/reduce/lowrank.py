@@ -28,7 +28,7 @@ import numpy as np
 
 from .collectives import AVERAGE, Collectives
 from .stats import WireStats, ring_allreduce_bytes
-from .twophase import DictStore
+from .reducer import DictStore, Reducer
 
 Array = Any
 # (bucket name, [(m, r) per compressed tensor]) -> the initial Qs as float32 numpy arrays
@@ -82,7 +82,7 @@ class _Pending:
     kept: Any = None
 
 
-class LowRankReducer:
+class LowRankReducer(Reducer):
     """Reduces named flat float32 buckets with a low-rank codec (see the module's docstring).
 
     Example::

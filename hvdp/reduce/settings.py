@@ -3,15 +3,15 @@
 :class:`ReduceSettings` is made once by an adapter from the user's arguments (checked there,
 with messages that name the fix) and gives the one answer the rest of hvdp asks for: is this
 a two-phase codec, does it keep error feedback, how is it named to the user and to the
-ranks-agree check. :class:`Store` and :class:`PlainPath` are the two framework pieces the
-engine (``hvdp.engine``) is handed besides the array ops and the collectives.
+ranks-agree check. The framework pieces the engine is handed besides (``Store``, ``PlainPath``) are written down
+in ``hvdp.reduce.reducer``.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, List, Optional, Protocol, Sequence, Tuple
+from typing import Any, Optional, Tuple
 
-from .codecs.auto import Auto
+from ..codecs.auto import Auto
 from .collectives import AVERAGE, SUM
 from .plan import CompressionPolicy
 
@@ -25,7 +25,7 @@ def is_two_phase(codec) -> bool:
 
 
 def is_low_rank(codec) -> bool:
-    """Whether ``codec`` is reduced by low-rank factors over allreduce (powersgd, ``hvdp.lowrank``)."""
+    """Whether ``codec`` is reduced by low-rank factors over allreduce (powersgd, ``hvdp.reduce.lowrank``)."""
     return bool(getattr(codec, "low_rank", False))
 
 
@@ -37,11 +37,11 @@ class ReduceSettings:
         codec: a codec (``hvdp.codecs``), an :class:`~hvdp.codecs.auto.Auto`, or None when a
             Horovod ``Compressor`` does the work (compress, sum, decompress, as in Horovod).
         policy: what is compressed, and when.
-        op: ``hvdp.collectives.AVERAGE`` or ``SUM``.
+        op: ``hvdp.reduce.collectives.AVERAGE`` or ``SUM``.
         predivide: Horovod's ``gradient_predivide_factor`` (divide before the sum, multiply after).
         backward_passes: Horovod's ``backward_passes_per_step``.
         sparse_as_dense: sparse gradients reduced as dense ones.
-        uneven_inputs: ranks may ``hvd.join()`` with any codec (``hvdp.join``): None (the
+        uneven_inputs: ranks may ``hvd.join()`` with any codec (``hvdp.reduce.join``): None (the
             default) is on wherever it is supported (not with ``hierarchical=True`` nor a
             low-rank codec), True insists (an error where unsupported), False is off. Resolved
             here, once, to a bool (what the engine, the adapters and the ranks-agree check see);
@@ -49,7 +49,7 @@ class ReduceSettings:
         compressor: the Horovod compressor's name, with ``codec=None``.
         instance: the optimizer's number on its process set (its collectives' names).
         extra: (name, value) pairs an adapter adds (Keras's ``average_aggregated_gradients``).
-        hierarchical: two levels (``hvdp.hierarchy``): full precision inside each node, the
+        hierarchical: two levels (``hvdp.reduce.hierarchy``): full precision inside each node, the
             codec between nodes.
 
     Example::
@@ -119,7 +119,7 @@ class ReduceSettings:
 
     @property
     def join_off(self) -> Optional[str]:
-        """Why the join control is off (``hvdp.join.refusal``'s ``why``): "low_rank",
+        """Why the join control is off (``hvdp.reduce.join.refusal``'s ``why``): "low_rank",
         "hierarchical", "off" (``uneven_inputs=False`` was passed), or None when it is on."""
         if self.uneven_inputs:
             return None
@@ -167,33 +167,3 @@ def compressor_name(compressor) -> str:
     if compressor is None:
         return ""
     return getattr(compressor, "__qualname__", type(compressor).__name__)
-
-
-class Store(Protocol):
-    """Where a reducer keeps its residuals, by bucket name (``hvdp.twophase.DictStore``; a graph
-    framework's store keeps variables that survive across traced steps)."""
-
-    def create(self, name: str, n: int) -> None:
-        """Make sure an n-element residual can be set under ``name`` (a graph store makes its
-        variable now, before a step is traced; an eager store has nothing to do)."""
-
-    def get(self, name: str) -> Optional[Array]: ...
-    def set(self, name: str, value: Array) -> None: ...
-    def snapshot(self) -> dict: ...
-    def restore(self, data: dict) -> None: ...
-
-
-class PlainPath(Protocol):
-    """Horovod's own allreduce of whole tensors (the framework's part): a cast to ``wire`` (or
-    the settings' Horovod compressor), the sum or average, the cast back. Sparse gradients go
-    through Horovod's sparse path unless the settings say ``sparse_as_dense``."""
-
-    def submit(self, grads: Sequence[Array], name: str, wire: Optional[str]) -> List[Tuple[Any, int]]:
-        """Start one allreduce (grouped for several tensors): (pending, bytes handed) per tensor.
-        ``wire``: the cast's dtype, or None when the Horovod compressor decides."""
-
-    def finish(self, pending) -> Array:
-        """Wait and return the reduced tensor in the gradient's dtype."""
-
-    def is_sparse(self, g: Array) -> bool: ...
-    def dense(self, g: Array) -> Array: ...

@@ -8,7 +8,7 @@ import threading
 
 import numpy as np
 
-from hvdp.collectives import AVERAGE
+from hvdp.reduce.collectives import AVERAGE
 
 
 class FakeGroup:

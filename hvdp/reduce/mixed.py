@@ -2,7 +2,7 @@
 
 A bucket assigned a summable codec (none, fp16) goes through one Horovod allreduce of the
 flat bucket, cast to the codec's wire dtype; a bucket assigned a two-phase codec (bf16, int8,
-topk) goes through that codec's :class:`~hvdp.twophase.TwoPhaseReducer` (one per codec, made by
+topk) goes through that codec's :class:`~hvdp.reduce.twophase.TwoPhaseReducer` (one per codec, made by
 the adapter's factory exactly as a fixed codec's reducer, so residuals, kernels and the
 uneven-inputs wrapper are the same). It has the two-phase reducer's interface (start,
 exchange, finish, residual stores, state), so the optimizers drive it unchanged.
@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, Mapping, Optional
 
 from .collectives import AVERAGE, allreduce_recorded
+from .reducer import Reducer
 from .stats import WireStats
 
 
@@ -36,16 +37,22 @@ class _Routed:
 class _Stores:
     """One view over the sub-reducers' residual stores of one side (worker or server)."""
 
-    def __init__(self, owner: "MixedReducer", side: str):
-        self.owner, self.side = owner, side
+    def __init__(self, owner: "MixedReducer", side: Callable[[Reducer], Any]):
+        self.owner, self.side = owner, side  # side: a sub-reducer -> its store of this side
 
     def _all(self):
-        return [getattr(r, self.side) for r in self.owner.reducers.values()]
+        return [self.side(r) for r in self.owner.reducers.values()]
+
+    def create(self, name, n):
+        """Nothing to make ahead: the sub-reducers' stores are made when a codec is assigned."""
+
+    def set(self, name, value):
+        self.side(self.owner.reducers[self.owner.key_of(name)]).set(name, value)
 
     def get(self, name):
         key = self.owner.key_of(name)
         r = self.owner.reducers.get(key) if key else None
-        return getattr(r, self.side).get(name) if r is not None else None
+        return self.side(r).get(name) if r is not None else None
 
     def snapshot(self) -> dict:
         out = {}
@@ -55,10 +62,10 @@ class _Stores:
 
     def restore(self, data: dict) -> None:
         for key, r in self.owner.reducers.items():
-            getattr(r, self.side).restore({k: v for k, v in data.items() if self.owner.key_of(k) == key})
+            self.side(r).restore({k: v for k, v in data.items() if self.owner.key_of(k) == key})
 
 
-class MixedReducer:
+class MixedReducer(Reducer):
     """Reduces named flat float32 buckets, each with the codec ``assign`` gave it.
 
     Example::
@@ -75,7 +82,9 @@ class MixedReducer:
         self.codec = None                         # no single codec; see ``choice``
         self.choice: Dict[str, Any] = {}          # bucket name -> codec
         self.reducers: Dict[str, Any] = {}        # str(codec) -> two-phase reducer
-        self.worker, self.server = _Stores(self, "worker"), _Stores(self, "server")
+        self.worker, self.server = _Stores(self, lambda r: r.worker), _Stores(self, lambda r: r.server)
+
+    error_feedback = True  # a bucket's two-phase codec may keep residuals (its reducer says)
 
     def key_of(self, bucket: str) -> Optional[str]:
         c = self.choice.get(bucket)
@@ -91,13 +100,13 @@ class MixedReducer:
             for store in (r.worker, r.server):
                 store.restore({k: v for k, v in store.snapshot().items() if self.key_of(k) == key})
 
-    @property
-    def worker_residual(self) -> dict:
-        return self.worker.snapshot()
+    def layout(self, n: int):
+        raise TypeError("a bucket's residual sizes under compression='auto' depend on the codec "
+                        "it was given: ask store_sizes(name, n)")
 
-    @property
-    def server_residual(self) -> dict:
-        return self.server.snapshot()
+    def store_sizes(self, name: str, n: int):
+        key = self.key_of(name)
+        return self.reducers[key].store_sizes(name, n) if key is not None else (0, 0)
 
     # --- the reduction ------------------------------------------------------------------------
     def start(self, name: str, flat):

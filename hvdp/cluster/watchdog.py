@@ -7,7 +7,7 @@ every other rank waiting forever. hvdp's watchdog is a thread in each process th
 this process waits in one of hvdp's collectives (the adapters wrap each wait in
 :meth:`StallWatchdog.waiting`; waits inside TensorFlow's executor are counts it polls,
 :meth:`StallWatchdog.poll`). When a wait has lasted half the deadline, it leaves a note on
-the failure board (``hvdp.failures``): "rank r waits at <collective> since <time>". When it
+the failure board (``hvdp.cluster.failures``): "rank r waits at <collective> since <time>". When it
 reaches the deadline, it reads every rank's note, names the ranks that left none (they did not
 arrive) and those waiting at another collective, reports that as this rank's failure and shuts
 Horovod down: the waiting ranks' collectives fail at once, each with the watchdog's message, and a
@@ -34,7 +34,7 @@ import time
 from contextlib import contextmanager
 from typing import Callable, Dict, Iterator, Optional, Sequence, Tuple
 
-from .config import stall_timeout_s
+from ..config import stall_timeout_s
 
 NOTE_KEY = "stall-{rank}"
 NOTE_AT = 0.5        # a wait this fraction of the deadline old leaves its note on the board
@@ -83,7 +83,7 @@ class StallWatchdog:
     Args:
         timeout_s: the deadline of one wait; 0: off. None: from ``HVDP_STALL_TIMEOUT_SECONDS``.
         get_rank, get_size: this rank and the job's size (read while Horovod is up).
-        reporter: the process's ``hvdp.failures.FailureReporter`` (its board carries the notes,
+        reporter: the process's ``hvdp.cluster.failures.FailureReporter`` (its board carries the notes,
             and the watchdog's error is reported through it).
         shutdown: shuts Horovod down, so that every waiting collective fails.
         clock: monotonic seconds (tests pass a fake one and call :meth:`check` themselves).

@@ -7,7 +7,7 @@ per node and C nodes, :class:`HierarchicalReducer` sends about 1/L of that acros
 1. inside the node (the *local* process set, L ranks): a float32 reduce-scatter (an alltoall
    of L equal shares, each rank summing the share it owns in rank order);
 2. between nodes (the *cross* process set: the C ranks with the same local rank): the share
-   is reduced with the codec — the two-phase reduction of ``hvdp.twophase`` with its error
+   is reduced with the codec — the two-phase reduction of ``hvdp.reduce.twophase`` with its error
    feedback for a two-phase codec, one allreduce in the codec's wire dtype for a summable one
    (none, fp16);
 3. inside the node again: an allgather of the reduced shares.
@@ -33,7 +33,8 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from .collectives import AVERAGE, allreduce_recorded
 from .stats import ring_allreduce_bytes
-from .twophase import DictStore, TwoPhaseReducer, chunk_length
+from .reducer import DictStore, Reducer
+from .twophase import TwoPhaseReducer, chunk_length
 
 Array = Any
 
@@ -127,7 +128,7 @@ STATIC_HINT = "hvd.init(process_sets=hvd.hierarchical_process_sets())"
 def static_process_sets(hv, environ=None) -> list:
     """The process sets for ``hvd.init(process_sets=...)`` that ``hierarchical=True`` needs when
     dynamic process sets are off, predicted from the launcher's environment (``static_groups``)."""
-    from .mesh import known_process_sets
+    from ..cluster.mesh import known_process_sets
     topo = static_groups(environ)
     if topo is None:
         raise HierarchyError("hvd.hierarchical_process_sets(): the launcher's environment does not say "
@@ -143,12 +144,12 @@ def make_levels(hv, cross_rank: int, local_rank: int, gather, collectives, proce
     gathered, the groups checked, their Horovod process sets found or added (the same calls on
     every rank), each wrapped by ``collectives(process_set)``.
 
-    ``hv``: the adapter's ``hvdp.mesh.HorovodSets``; ``gather``: ``(bytes, name) -> [bytes]``
+    ``hv``: the adapter's ``hvdp.cluster.mesh.HorovodSets``; ``gather``: ``(bytes, name) -> [bytes]``
     over the whole job; ``process_set``: the optimizer's (only the global one is served)."""
     import struct
 
-    from .config import elastic_mode
-    from .mesh import register_groups
+    from ..config import elastic_mode
+    from ..cluster.mesh import register_groups
     if elastic_mode(environ):
         raise HierarchyError("hierarchical=True cannot be used in an elastic job: Horovod's elastic mode does "
                              "not keep process sets across a reset. Use hierarchical=False with hvd.elastic")
@@ -177,7 +178,7 @@ def make_levels(hv, cross_rank: int, local_rank: int, gather, collectives, proce
     return comm_of(topo.local), comm_of(topo.cross), topo
 
 
-class _SummedCross:
+class _SummedCross(Reducer):
     """The cross-node step of a summable codec: one allreduce of the share in its wire dtype."""
 
     def __init__(self, codec, ops, comm, op, postscale, stats):
@@ -248,9 +249,9 @@ class _Pending:
     inner: Any = None
 
 
-class HierarchicalReducer:
+class HierarchicalReducer(Reducer):
     """Reduces named flat float32 buckets in two levels (see the module's docstring); the
-    interface of :class:`~hvdp.twophase.TwoPhaseReducer` (start / exchange / finish, residual
+    interface of :class:`~hvdp.reduce.twophase.TwoPhaseReducer` (start / exchange / finish, residual
     stores, state), so the engine drives it unchanged.
 
     Args:

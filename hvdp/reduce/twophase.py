@@ -30,8 +30,9 @@ from typing import Any, Dict, Optional, Tuple
 import numpy as np
 
 from .collectives import AVERAGE, Collectives
-from .kernels import registry as _kernels
-from .ops import NumpyOps
+from .reducer import DictStore, Reducer
+from ..kernels import registry as _kernels
+from ..ops import NumpyOps
 from .stats import WireStats, ring_allreduce_bytes, two_phase_bytes
 
 Array = Any
@@ -42,31 +43,6 @@ def chunk_length(n: int, p: int, align: int) -> int:
     """Length of each of the P chunks: ceil(n / P) rounded up to ``align``."""
     per = -(-n // p)
     return max(align, -(-per // align) * align)
-
-
-class DictStore:
-    """Where residuals live: a plain dict of arrays (numpy, torch: eager frameworks).
-
-    A graph framework passes a store that keeps each residual in a variable instead (TF).
-    """
-
-    def __init__(self):
-        self.data: Dict[str, Array] = {}
-
-    def create(self, name, n):
-        """Nothing to make ahead: a residual of another size is ignored when read (see ``layout``)."""
-
-    def get(self, name):
-        return self.data.get(name)
-
-    def set(self, name, value):
-        self.data[name] = value
-
-    def snapshot(self) -> dict:
-        return dict(self.data)
-
-    def restore(self, data: dict) -> None:
-        self.data = dict(data)
 
 
 @dataclass
@@ -85,7 +61,7 @@ class _Pending:
     prev_server: Any = None
 
 
-class TwoPhaseReducer:
+class TwoPhaseReducer(Reducer):
     """Reduces named flat float32 buckets with one codec. Holds the error-feedback residuals.
 
     Example::
@@ -158,14 +134,6 @@ class TwoPhaseReducer:
         got = self.comm.wait(handle)
         self._time("wire_wait", t0)
         return got
-
-    @property
-    def worker_residual(self) -> dict:
-        return self.worker.snapshot()
-
-    @property
-    def server_residual(self) -> dict:
-        return self.server.snapshot()
 
     def layout(self, n: int):
         """(chunk length, padded length) of an n-element bucket: the residuals' sizes."""

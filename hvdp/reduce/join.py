@@ -4,7 +4,7 @@ Horovod's join answers only *allreduce* for a joined rank (with zeros); an allto
 that meets a joined rank is an error on the active ranks and crashes the joined one. hvdp's
 two-phase codecs (bf16, int8, int4, topk) use exactly those. So, wherever it is supported (the
 default ``DistributedOptimizer(..., uneven_inputs=None)``: a flat reduction with a two-phase
-codec; :class:`~hvdp.settings.ReduceSettings` decides it once, for every adapter):
+codec; :class:`~hvdp.reduce.settings.ReduceSettings` decides it once, for every adapter):
 
 - every step, before its first two-phase bucket, the ranks sum a 1 over an allreduce
   (``CONTROL_NAME``): a joined rank's zero makes the sum smaller than the size, and every active
@@ -28,7 +28,7 @@ the last rank to join (it ran every step), so the ranks are identical again.
 
 Where the control is off, ``join`` on a rank whose optimizer has two-phase (or low-rank, or
 two-level) buckets raises :class:`JoinRefused` naming why (the other ranks learn it through the
-failure reports, see ``hvdp.failures``) instead of letting Horovod crash or hang: the user passed
+failure reports, see ``hvdp.cluster.failures``) instead of letting Horovod crash or hang: the user passed
 ``uneven_inputs=False``, the codec is low-rank (powersgd), the reduction is ``hierarchical=True``,
 or the gradients come from Keras' ``DistributedGradientTape``.
 """
@@ -38,8 +38,9 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, List
 
-from .codecs.base import get
+from ..codecs.base import get
 from .collectives import AVERAGE, allreduce_recorded
+from .reducer import Reducer
 
 CONTROL_NAME = "hvdp.join.active"
 
@@ -104,8 +105,8 @@ class _JoinedPending:
     prev: Any = None  # the worker residual before the step (zeroed by it)
 
 
-class JoinableReducer:
-    """A :class:`~hvdp.twophase.TwoPhaseReducer` that switches a step's buckets to one float32
+class JoinableReducer(Reducer):
+    """A :class:`~hvdp.reduce.twophase.TwoPhaseReducer` that switches a step's buckets to one float32
     allreduce while ``joined()`` says some rank has joined. Otherwise it is the inner reducer
     (state, layout and residual stores are the inner one's).
 
@@ -118,9 +119,32 @@ class JoinableReducer:
     def __init__(self, inner, joined: Callable[[], bool]):
         self.inner = inner
         self.joined = joined
+        self.worker, self.server = inner.worker, inner.server
+        self.error_feedback = inner.error_feedback
 
-    def __getattr__(self, name):  # everything else is the inner reducer's
-        return getattr(self.inner, name)
+    # the inner reducer's parts, as the contract names them
+    @property
+    def codec(self):
+        return self.inner.codec
+
+    def layout(self, n: int):
+        return self.inner.layout(n)
+
+    def store_sizes(self, name: str, n: int):
+        return self.inner.store_sizes(name, n)
+
+    def set_shapes(self, shapes) -> None:
+        self.inner.set_shapes(shapes)
+
+    def advance(self, pend) -> None:
+        if not isinstance(pend, _JoinedPending):
+            self.inner.advance(pend)
+
+    def state_dict(self) -> dict:
+        return self.inner.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.inner.load_state_dict(state)
 
     def start(self, name: str, flat):
         if not self.joined():

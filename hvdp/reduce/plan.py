@@ -5,7 +5,7 @@ import fnmatch
 from dataclasses import dataclass
 from typing import Optional, Sequence, Tuple
 
-from . import config
+from .. import config
 
 # Below 1024 elements (4 KiB of float32) a tensor saves at most ~3 KiB per step when compressed:
 # less than the fixed cost of encoding it, and such tensors are mostly biases and

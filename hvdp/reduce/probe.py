@@ -1,5 +1,5 @@
 """The measurement behind ``compression="auto"``: a short probe of the job's own collectives and
-codecs, fitted into an :class:`hvdp.auto.CostTable` that is the same on every rank.
+codecs, fitted into an :class:`hvdp.reduce.auto.CostTable` that is the same on every rank.
 
 What it runs (the adapter passes its collectives, array ops and a reducer factory in, so the
 probe times exactly the paths training will take):
@@ -14,11 +14,11 @@ probe times exactly the paths training will take):
   owner's decode-sum and re-encode, the final decode) by the real reducer on a loop-back comm
   (no wire), at two bucket sizes; fp16's casts likewise;
 - agreement: every rank's times are allgathered and the fastest kept per entry (over the timed
-  runs and over the ranks), so every rank fits the same lines and :func:`hvdp.auto.decide`
+  runs and over the ranks), so every rank fits the same lines and :func:`hvdp.reduce.auto.decide`
   takes the same decision. The fastest, because on a shared machine noise only adds time
   (a descheduled process, a rank that came early to a collective and measured its wait for the
   others); a rank that is slower for good (another device) shows in the trial of the first
-  steps (``hvdp.chooser``), which times real steps at the slowest rank's pace.
+  steps (``hvdp.reduce.chooser``), which times real steps at the slowest rank's pace.
 
 Its wall time is kept in the table (``probe_s``) and shown by ``compression_stats()``.
 """
@@ -81,7 +81,7 @@ def measure(comm, ops, like, bucket_elements: Sequence[int], candidates: Sequenc
     """Probe links and codecs for buckets of ``bucket_elements`` and return the shared table.
 
     Args:
-        comm: the optimizer's collectives (``hvdp.collectives.Collectives``), P = ``comm.size``.
+        comm: the optimizer's collectives (``hvdp.reduce.collectives.Collectives``), P = ``comm.size``.
         ops: the adapter's array ops; ``like``: an array on the gradients' device.
         candidates: codec objects (as ``str(codec)`` keys the compute lines).
         make_reducer: ``(codec, comm) -> reducer`` exactly as training builds them.

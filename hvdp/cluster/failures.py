@@ -6,12 +6,12 @@ report on a *board* before Horovod shuts down (its exception hook runs before th
 exit handlers, and Horovod's shutdown is one of those), and a survivor whose collective failed
 reads the board and names the cause.
 
-Boards (``hvdp.boards``): with Gloo, the key-value store horovodrun already serves to every
+Boards (``hvdp.cluster.boards``): with Gloo, the key-value store horovodrun already serves to every
 worker for its rendezvous (any host); otherwise a private directory (0700, owner checked) in the temporary
 directory, named after the user and the MPI job, which only ranks on the same host share. No
 board, or a rank killed without a chance to write (SIGKILL, OOM killer), or a stall shutdown by
 Horovod's inspector: the survivor says that nobody reported (hvdp's own stall watchdog reports,
-``hvdp.watchdog``).
+``hvdp.cluster.watchdog``).
 ``HVDP_FAILURE_BOARD=0`` turns the reports off.
 
 The launcher stops every other worker as soon as the failing one exits, which can be before a
@@ -43,7 +43,7 @@ from contextlib import contextmanager
 from typing import Callable, Iterator, List, Optional
 
 from .boards import board_from_env
-from .config import elastic_mode
+from ..config import elastic_mode
 
 SHUTDOWN_TEXT = "Horovod has been shut down"
 MAX_TEXT = 600          # characters of the failing exception kept in a report

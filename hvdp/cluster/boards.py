@@ -25,8 +25,8 @@ import urllib.request
 import warnings
 from typing import List, Mapping, Optional
 
-from .config import failure_board
-from .private import Refused, private_dir, refusal
+from ..config import failure_board
+from ..private import Refused, private_dir, refusal
 
 KV_SCOPE = "hvdp_failures"
 

@@ -1,5 +1,5 @@
 """``compression="auto"``: which codec makes each bucket cheapest, as a pure function of measured
-costs. Measuring is ``hvdp.probe``'s job; this module only decides (and is unit-tested with
+costs. Measuring is ``hvdp.reduce.probe``'s job; this module only decides (and is unit-tested with
 fake tables).
 
 The cost model, per bucket of n float32 elements on P workers (every line fitted as A + B·x

@@ -126,3 +126,36 @@ class WireStats:
         return {"last_step": self._summary(self._last), "total": self._summary(self._total),
                 "steps": self.steps, "phase_ms": self.phase_ms(), "phase_ms_last_step": self.phase_ms(True),
                 "paths": dict(self.paths), "paths_why": dict(self.paths_why)}
+
+
+class TracedSteps:
+    """The statistics of a step traced into a graph (Keras on TensorFlow): its collectives run
+    without Python, so the record made while tracing is kept as a template, by (compressed,
+    joined), and counted once per executed step.
+
+    Example::
+
+        traced.keep(True, False, stats.take_step())    # while tracing
+        per_run = traced.expand(stats, steps=100, warmup=10)
+    """
+
+    def __init__(self):
+        self.templates: Dict[tuple, Dict[str, Dict[str, float]]] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self.templates)
+
+    def keep(self, compressed: bool, joined: bool, record: Dict[str, Dict[str, float]]) -> None:
+        self.templates[(bool(compressed), bool(joined))] = record
+
+    def expand(self, live: WireStats, steps: int, warmup: int) -> WireStats:
+        """``steps`` executed steps: the uncompressed template for the warm-up's, the compressed
+        one after it; kernel paths from the live record."""
+        out = WireStats()
+        out.paths.update(live.paths)
+        out.paths_why.update(live.paths_why)
+        plain_steps = min(int(steps), warmup) if (False, False) in self.templates else 0
+        for key, n in (((False, False), plain_steps), ((True, False), int(steps) - plain_steps)):
+            if key in self.templates and n > 0:
+                out.add_step(self.templates[key], n)
+        return out

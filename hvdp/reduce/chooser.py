@@ -4,7 +4,7 @@ decision it keeps, what it shows.
 The optimizer makes one :class:`Chooser` from the ``Auto`` settings, calls :meth:`Chooser.ensure`
 before the first collective of every step and :meth:`Chooser.step_done` at the end of it:
 
-1. probe (``hvdp.probe``) and decide (``hvdp.auto``): a proposal per bucket. It happens at the
+1. probe (``hvdp.reduce.probe``) and decide (``hvdp.reduce.auto``): a proposal per bucket. It happens at the
    first step and again after :meth:`invalidate` (an elastic reset, a new bucket layout).
 2. trial (``Auto.trial_steps`` = K > 0, and a proposal that compresses something): K steps run
    uncompressed, K with the proposal, and K with the runner-up (each compressed bucket with

@@ -22,7 +22,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
-from .config import elastic_mode
+from ..config import elastic_mode
 
 AXES = ("pp", "dp", "tp")  # outermost first; the order of a rank's digits
 HOROVOD_DYNAMIC_PROCESS_SETS = "HOROVOD_DYNAMIC_PROCESS_SETS"
