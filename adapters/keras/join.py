@@ -5,7 +5,7 @@ import gc
 import keras
 
 from hvdp.reduce.collectives import SUM
-from hvdp.reduce.join import CONTROL_NAME, JoinRefused, Registry, refusal
+from hvdp.reduce.join import CONTROL_NAME, JoinRefused, Registry
 
 from .backend import BACKEND as B
 from .functions import broadcast_variables
@@ -26,10 +26,10 @@ def _refuse_unless_ready():
     # a tape has no join control: its two-phase buckets refuse
     reducers = ([(opt._hvdp, None) for opt in OPTIMIZERS.alive()]
                 + [(red, "tape") for red in TAPE_REDUCERS.values()])
-    for red, why in reducers:
-        eng = red.engine
-        if eng.uses_two_phase and not eng.settings.uneven_inputs:
-            raise JoinRefused(refusal(eng.reducer_codec_name(), "keras", why or eng.settings.join_off))
+    for red, tape in reducers:
+        why = red.engine.join_refusal("keras", tape)
+        if why is not None:
+            raise JoinRefused(why)
 
 
 def join(extra_variables=(), optimizers=None) -> int:
@@ -99,10 +99,9 @@ class JoinCallback(keras.callbacks.Callback):
         if red is None:
             raise ValueError("hvd.callbacks.JoinCallback needs the model compiled with an hvdp.keras "
                              "DistributedOptimizer")
-        eng = red.engine
-        if (eng.two_phase or eng.settings.hierarchical) and not eng.settings.uneven_inputs and eng.comm.size > 1:
-            raise ValueError("hvd.callbacks.JoinCallback cannot work here: "
-                             + refusal(eng.reducer_codec_name(), "keras", eng.settings.join_off))
+        why = red.engine.join_refusal("keras", planned=True)
+        if why is not None:
+            raise ValueError("hvd.callbacks.JoinCallback cannot work here: " + why)
 
     def on_epoch_begin(self, epoch, logs=None):
         self._joined = False

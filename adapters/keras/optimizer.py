@@ -9,9 +9,7 @@ disagree and hang).
 """
 import keras
 
-from hvdp.reduce.collectives import AVERAGE, SUM
-from hvdp.reduce.plan import CompressionPolicy
-from hvdp.reduce.settings import ReduceSettings, compressor_name, is_low_rank
+from hvdp.reduce.settings import ReduceSettings, is_low_rank
 
 from .agreement import REPORTER
 from .backend import BACKEND as B
@@ -102,12 +100,10 @@ def make_reducer(compression, policy, op, gradient_predivide_factor, sparse_as_d
                          "ops do not provide: use hvdp.torch, or compression='int8', 'bf16' or 'auto'")
     if op not in (_hvd.Average, _hvd.Sum):
         raise ValueError("hvdp.keras supports op=hvd.Average or hvd.Sum")
-    settings = ReduceSettings(codec, CompressionPolicy() if policy is None else policy,
-                              op=SUM if op == _hvd.Sum else AVERAGE, predivide=gradient_predivide_factor,
-                              backward_passes=backward_passes_per_step, sparse_as_dense=sparse_as_dense,
-                              uneven_inputs=None if uneven_inputs is None else bool(uneven_inputs),
-                              compressor=compressor_name(hvd_compressor),
-                              extra=tuple(extra), hierarchical=bool(hierarchical))
+    settings = ReduceSettings.from_user(codec, hvd_compressor, policy, op_sum=op == _hvd.Sum,
+                                        predivide=gradient_predivide_factor,
+                                        backward_passes=backward_passes_per_step, sparse_as_dense=sparse_as_dense,
+                                        uneven_inputs=uneven_inputs, hierarchical=hierarchical, extra=tuple(extra))
     return GradientReducer(settings, hvd_compressor, process_set, prefix)
 
 

@@ -5,7 +5,7 @@ The rules are the core's (``hvdp.reduce.join``); this file supplies the collecti
 import horovod.torch as _hvd
 import torch
 
-from hvdp.reduce.join import CONTROL_NAME, JoinRefused, Registry, refusal, someone_joined
+from hvdp.reduce.join import CONTROL_NAME, JoinRefused, Registry, someone_joined
 
 from .comm import synchronize
 from .functions import broadcast_optimizer_state
@@ -93,9 +93,9 @@ def join(device: int = -1) -> int:
     """
     opts = OPTIMIZERS.alive()
     for opt in opts:
-        eng = opt.engine
-        if not eng.settings.uneven_inputs and eng.uses_two_phase:
-            raise JoinRefused(refusal(eng.reducer_codec_name(), "torch", eng.settings.join_off))
+        why = opt.engine.join_refusal("torch")
+        if why is not None:
+            raise JoinRefused(why)
     if device == -1:  # Horovod's default is the CPU; the zeros must be where the gradients are
         device = next((p.device.index for o in opts for g in o.param_groups for p in g["params"]
                        if p.device.type == "cuda"), -1)

@@ -13,11 +13,10 @@ from contextlib import contextmanager
 import horovod.torch as _hvd
 import torch
 
-from hvdp.reduce.collectives import AVERAGE, SUM
 from hvdp.config import compile_codecs_default, elastic_mode
 from hvdp.reduce.engine import Engine
 from hvdp.reduce.plan import CompressionPolicy
-from hvdp.reduce.settings import ReduceSettings, compressor_name, is_low_rank, is_two_phase
+from hvdp.reduce.settings import ReduceSettings, is_low_rank, is_two_phase
 
 from .agreement import REPORTER, VERSIONS, allgather_fixed
 from .comm import TorchCollectives, next_instance
@@ -316,12 +315,11 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         groups = groups if groups is not None else num_groups
     if compile_codecs is None:
         compile_codecs = compile_codecs_default(os.environ)  # HVDP_COMPILE_CODECS, hvdp.config
-    settings = ReduceSettings(codec, CompressionPolicy() if policy is None else policy,
-                              op=SUM if op == _hvd.Sum else AVERAGE, predivide=gradient_predivide_factor,
-                              backward_passes=backward_passes_per_step, sparse_as_dense=sparse_as_dense,
-                              uneven_inputs=None if uneven_inputs is None else bool(uneven_inputs),
-                              compressor=compressor_name(hvd_compressor),
-                              instance=next_instance(process_set), hierarchical=bool(hierarchical))
+    settings = ReduceSettings.from_user(codec, hvd_compressor, policy, op_sum=op == _hvd.Sum,
+                                        predivide=gradient_predivide_factor,
+                                        backward_passes=backward_passes_per_step, sparse_as_dense=sparse_as_dense,
+                                        uneven_inputs=uneven_inputs, hierarchical=hierarchical,
+                                        instance=next_instance(process_set))
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_DistributedOptimizer.__dict__))
     return cls(optimizer.param_groups, named_parameters, settings, hvd_compressor, groups, process_set,
                compile_codecs)

@@ -39,6 +39,7 @@ from ..config import elastic_mode
 from .build import ReducerFactory
 from .chooser import Chooser
 from .drive import StepDrive
+from .join import refusal
 from .plan import Plan, make_plan
 from .reducer import PlainPath
 from .settings import ReduceSettings, is_low_rank, is_two_phase
@@ -231,6 +232,17 @@ class Engine(StepDrive):
             return
         agreement.check(self.describe(tensors), self.gather, "the DistributedOptimizer",
                         what=self.tensor_word, name="hvdp.agree.optimizer")
+
+    def join_refusal(self, adapter: str, why: Optional[str] = None, planned: bool = False) -> Optional[str]:
+        """Why ``hvd.join()`` cannot be answered by this optimizer (``hvdp.reduce.join.refusal``),
+        or None: its step sends alltoall/allgather (or, ``planned``, will: before the first
+        layout) and the join control is off (``why``: the reason where the settings do not
+        say it, e.g. "tape": a gradient tape has no join control)."""
+        s = self.settings
+        if s.uneven_inputs:
+            return None
+        sends = ((self.two_phase or s.hierarchical) and self.comm.size > 1) if planned else self.uses_two_phase
+        return refusal(self.reducer_codec_name(), adapter, why or s.join_off) if sends else None
 
     # --- what the user sees and what is saved ---------------------------------------------------
     def summary(self, steps: Optional[int] = None) -> dict:

@@ -107,6 +107,18 @@ class ReduceSettings:
                                  "would leave its node's reduce-scatter waiting): give every rank the same "
                                  "number of steps, or use hierarchical=False")
 
+    @classmethod
+    def from_user(cls, codec, hvd_compressor, policy=None, *, op_sum: bool = False, predivide: float = 1.0,
+                  backward_passes: int = 1, sparse_as_dense: bool = False, uneven_inputs=None,
+                  hierarchical=False, **more) -> "ReduceSettings":
+        """The settings from a ``DistributedOptimizer``'s arguments as both adapters take them
+        (``resolve(compression)``'s codec and Horovod compressor; ``policy=None`` is the default
+        policy; ``op_sum``: the user passed ``op=hvd.Sum``); ``more``: ``instance``, ``extra``."""
+        return cls(codec, CompressionPolicy() if policy is None else policy, op=SUM if op_sum else AVERAGE,
+                   predivide=predivide, backward_passes=backward_passes, sparse_as_dense=sparse_as_dense,
+                   uneven_inputs=None if uneven_inputs is None else bool(uneven_inputs),
+                   compressor=compressor_name(hvd_compressor), hierarchical=bool(hierarchical), **more)
+
     @property
     def join_unsupported(self) -> Optional[str]:
         """Why ``hvd.join()`` cannot be made safe for these settings ("low_rank",
