@@ -15,6 +15,7 @@ from importlib import metadata
 
 from .cluster import bootstrap
 from . import config
+from .kernels.registry import kernel_paths
 
 _PROBE = r"""
 import json, sys, os
@@ -161,31 +162,6 @@ def hang_settings(environ) -> tuple:
     return notes, problems
 
 
-def kernel_paths(ops=None, like=None, names=("int8", "bf16", "topk")) -> list:
-    """One line per codec of the two-phase reduction: which implementation of its phases runs for
-    arrays like ``like`` (default: numpy arrays in host memory) and, where no kernel serves, why.
-    (fp16 and none are summed by Horovod's allreduce: no codec phases of hvdp's run for them.)"""
-    from .codecs import get
-    from .kernels.registry import explain
-    if ops is None:
-        import numpy as np
-        from .ops import NumpyOps
-        ops, like = NumpyOps(), np.zeros(4, np.float32)
-    lines = []
-    for name in names:
-        try:
-            k, why = explain(get(name), ops, like)
-        except ValueError as e:  # a bad HVDP_KERNELS value
-            lines.append(f"{name}: array ops ({e})")
-            continue
-        if k is not None:
-            desc = getattr(k, "description", "")
-            lines.append(f"{name}: {k.path} kernel" + (f" ({desc})" if desc else ""))
-        else:
-            lines.append(f"{name}: array ops ({'; '.join(why)})")
-    return lines
-
-
 # run by a child interpreter (the core itself imports no framework)
 _CUDA_KERNEL_PROBE = r"""
 import importlib, json
@@ -193,10 +169,24 @@ torch = importlib.import_module("torch")
 if not torch.cuda.is_available():
     print(json.dumps({"lines": []})); raise SystemExit
 import hvdp.torch  # registers the CUDA kernels
-from hvdp.doctor import kernel_paths
+from hvdp.kernels.registry import kernel_paths
 from hvdp.torch.ops import TorchOps
 print(json.dumps({"lines": kernel_paths(TorchOps(), torch.zeros(4, device="cuda"), ("int8",))}))
 """
+
+
+def _check_mpi4py(hvd_mpi: set, pit: list) -> dict:
+    """mpi4py's probe; a pitfall where it does not load or uses another MPI than Horovod's."""
+    m4 = _run_probe(_MPI4PY_PROBE)
+    m4_lib = _libmpi(m4.get("file", "")) if "error" not in m4 else None
+    if "error" in m4:
+        pit.append((f"mpi4py does not load: {m4['error']}", "pip install --no-binary mpi4py mpi4py"))
+    elif hvd_mpi and m4_lib and m4_lib not in hvd_mpi:
+        pit.append((f"mpi4py uses {m4_lib} but Horovod uses {', '.join(sorted(hvd_mpi))}: "
+                    "hvd.init(comm=...) will fail or hang",
+                    "rebuild mpi4py against the same MPI: pip install --force-reinstall "
+                    "--no-binary mpi4py mpi4py"))
+    return m4
 
 
 def diagnose() -> dict:
@@ -236,16 +226,7 @@ def diagnose() -> dict:
     libs = _horovod_libs(probe["horovod_file"])
     hvd_mpi = {_libmpi(p) for p in libs.values()} - {None}
     if report["versions"]["mpi4py"]:
-        m4 = _run_probe(_MPI4PY_PROBE)
-        report["mpi4py"] = m4
-        m4_lib = _libmpi(m4.get("file", "")) if "error" not in m4 else None
-        if "error" in m4:
-            pit.append((f"mpi4py does not load: {m4['error']}", "pip install --no-binary mpi4py mpi4py"))
-        elif hvd_mpi and m4_lib and m4_lib not in hvd_mpi:
-            pit.append((f"mpi4py uses {m4_lib} but Horovod uses {', '.join(sorted(hvd_mpi))}: "
-                        "hvd.init(comm=...) will fail or hang",
-                        "rebuild mpi4py against the same MPI: pip install --force-reinstall "
-                        "--no-binary mpi4py mpi4py"))
+        report["mpi4py"] = _check_mpi4py(hvd_mpi, pit)
     if report["versions"]["keras"] and report["versions"]["keras"].split(".")[0] >= "3":
         report["notes"] = ["horovod.tensorflow.keras does not work on Keras 3 (horovod issue #4290); "
                            "hvdp.keras is the replacement",

@@ -74,7 +74,7 @@ from .checkpoint import save_checkpoint  # noqa: E402,F401
 from .functions import broadcast_global_variables, broadcast_variables  # noqa: E402,F401
 from .join import join  # noqa: E402,F401  (Horovod's join, safe with every codec: hvdp.reduce.join)
 from .mesh import ProcessMesh  # noqa: E402,F401  (DP x TP x PP groups as process sets: hvdp.cluster.mesh)
-from .mesh import hierarchical_process_sets  # noqa: E402,F401  (hvdp.reduce.hierarchy's static process sets)
+from .mesh import hierarchical_process_sets  # noqa: E402,F401  (hvdp.cluster.topology's static process sets)
 from .optimizer import DistributedOptimizer  # noqa: E402,F401
 from .saving import load_checkpoint, load_model  # noqa: E402,F401
 from .syncbn import SyncBatchNormalization  # noqa: E402,F401

@@ -11,7 +11,7 @@ import tensorflow as tf
 from horovod.common.elastic import run_fn
 from horovod.common.exceptions import HorovodInternalError
 
-from hvdp.cluster.failures import collective_failed
+from hvdp.cluster.reports import collective_failed
 
 from .comm import TFCollectives, op_name
 from .ops import TFOps

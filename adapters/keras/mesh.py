@@ -1,6 +1,6 @@
 """``hvd.ProcessMesh`` on the Keras backend's Horovod (horovod.tensorflow or horovod.torch): the
 core's mesh (``hvdp.cluster.mesh``) with that Horovod's process sets."""
-from hvdp.reduce import hierarchy as _hierarchy
+from hvdp.cluster import topology as _topology
 from hvdp.cluster import mesh as _mesh
 
 from .agreement import allgather_fixed
@@ -18,11 +18,11 @@ class ProcessMesh(_mesh.ProcessMesh):
 def hierarchical_process_sets():
     """The process sets ``DistributedOptimizer(..., hierarchical=True)`` needs, for
     ``hvd.init(process_sets=...)`` when dynamic process sets are off (see hvdp.reduce.hierarchy)."""
-    return _hierarchy.static_process_sets(HV)
+    return _topology.static_process_sets(HV)
 
 
 def levels(process_set):
-    """(local, cross) collectives of a two-level reduction (``hvdp.reduce.hierarchy.make_levels``)."""
-    local, cross, _ = _hierarchy.make_levels(HV, _hvd.cross_rank(), _hvd.local_rank(), allgather_fixed(),
+    """(local, cross) collectives of a two-level reduction (``hvdp.cluster.topology.make_levels``)."""
+    local, cross, _ = _topology.make_levels(HV, _hvd.cross_rank(), _hvd.local_rank(), allgather_fixed(),
                                              _B.Collectives, process_set)
     return local, cross

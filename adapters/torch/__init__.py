@@ -27,7 +27,7 @@ from .functions import broadcast_optimizer_state  # noqa: F401
 from .join import join  # noqa: F401  (Horovod's join, safe with every codec: hvdp.reduce.join)
 from . import kernels as _kernels  # noqa: F401  (registers the CUDA codec kernels)
 from .mesh import ProcessMesh  # noqa: F401  (DP x TP x PP groups as process sets: hvdp.cluster.mesh)
-from .mesh import hierarchical_process_sets  # noqa: F401  (hvdp.reduce.hierarchy's static process sets)
+from .mesh import hierarchical_process_sets  # noqa: F401  (hvdp.cluster.topology's static process sets)
 from .ops import TorchOps  # noqa: F401
 from .optimizer import DistributedOptimizer  # noqa: F401
 

@@ -1,6 +1,6 @@
 """The ranks-agree check's collective, failure reports and the stall watchdog on horovod.torch;
-the logic is the core's (``hvdp.cluster.agreement``, ``hvdp.cluster.failures``, ``hvdp.cluster.watchdog``; an optimizer's
-description is its engine's)."""
+the logic is the core's (``hvdp.cluster.agreement``, ``hvdp.cluster.failures``,
+``hvdp.cluster.watchdog``; an optimizer's description is its engine's)."""
 import horovod
 import horovod.torch as _hvd
 import torch

@@ -15,7 +15,6 @@ import torch
 
 from hvdp.config import compile_codecs_default, elastic_mode
 from hvdp.reduce.engine import Engine
-from hvdp.reduce.plan import CompressionPolicy
 from hvdp.reduce.settings import ReduceSettings, is_low_rank, is_two_phase
 
 from .agreement import REPORTER, VERSIONS, allgather_fixed

@@ -48,7 +48,7 @@ class CodecKernels(Protocol):
             prev: float32[c] or None. The encoded value is y = x + prev, added in float32 exactly
                 like the reference ``x + prev``; not modified.
             residual: float32[c] or None. When given, receives y - decode(payload), with
-                non-finite results replaced by 0 (the reducer's ``_finite_or_zero`` rule). It must
+                non-finite results replaced by 0 (``hvdp.reduce.residuals.finite_or_zero``'s rule). It must
                 not overlap x or prev (the reducer writes a new residual each step: a snapshot
                 of the old one, e.g. an elastic commit, stays valid).
             out: uint8 array of ``codec.payload_nbytes(c)`` bytes (e.g. a slice of a send

@@ -89,3 +89,27 @@ def _load_builtin() -> None:
     if not _BUILTIN_LOADED:
         _BUILTIN_LOADED = True
         from . import cpu  # noqa: F401
+
+
+def kernel_paths(ops=None, like=None, names=("int8", "bf16", "topk")) -> list:
+    """One line per codec of the two-phase reduction: which implementation of its phases runs for
+    arrays like ``like`` (default: numpy arrays in host memory) and, where no kernel serves, why.
+    (fp16 and none are summed by Horovod's allreduce: no codec phases of hvdp's run for them.)"""
+    from ..codecs import get
+    if ops is None:
+        import numpy as np
+        from ..ops import NumpyOps
+        ops, like = NumpyOps(), np.zeros(4, np.float32)
+    lines = []
+    for name in names:
+        try:
+            k, why = explain(get(name), ops, like)
+        except ValueError as e:  # a bad HVDP_KERNELS value
+            lines.append(f"{name}: array ops ({e})")
+            continue
+        if k is not None:
+            desc = getattr(k, "description", "")
+            lines.append(f"{name}: {k.path} kernel" + (f" ({desc})" if desc else ""))
+        else:
+            lines.append(f"{name}: array ops ({'; '.join(why)})")
+    return lines

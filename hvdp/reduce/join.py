@@ -21,7 +21,7 @@ The average is Horovod's in every case: the sum over the active ranks divided by
   they are on every rank: no chunk is re-encoded in such a step, so no new error arises, and each
   is added by its owner at the next two-phase step;
 - a step whose result is not finite (a loss scaler skips it) puts the worker residual back, as
-  a two-phase step does (``TwoPhaseReducer.keep_if_finite``).
+  a two-phase step does (``hvdp.reduce.residuals.keep_if_finite``).
 
 After all ranks have joined, hvdp's ``join`` broadcasts the optimizers' parameters and state from
 the last rank to join (it ran every step), so the ranks are identical again.
@@ -41,6 +41,7 @@ from typing import Any, Callable, List
 from ..codecs.base import get
 from .collectives import AVERAGE, allreduce_recorded
 from .reducer import Reducer
+from .residuals import keep_if_finite
 
 CONTROL_NAME = "hvdp.join.active"
 
@@ -173,7 +174,7 @@ class JoinableReducer(Reducer):
             return self.inner.finish(pend)
         out = self.inner.comm.wait(pend.handle)
         if pend.prev is not None:
-            self.inner.keep_if_finite(pend.name, out, ((self.inner.worker, pend.prev),))
+            keep_if_finite(self.inner.ops, pend.name, out, ((self.inner.worker, pend.prev),))
         return out[:pend.n]
 
 

@@ -20,50 +20,17 @@ a step sets new arrays, so a driver may keep references to roll a step back.
 from __future__ import annotations
 
 import time
-import zlib
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from .collectives import AVERAGE, Collectives
-from .stats import WireStats, ring_allreduce_bytes
+from .factors import InitQ, MatrixLayout, matrix_layout, seeded_init
 from .reducer import DictStore, Reducer
+from .stats import WireStats, ring_allreduce_bytes
 
 Array = Any
-# (bucket name, [(m, r) per compressed tensor]) -> the initial Qs as float32 numpy arrays
-InitQ = Callable[[str, List[Tuple[int, int]]], List[np.ndarray]]
-
-
-def seeded_init(seed: int) -> InitQ:
-    """Standard normal initial Qs from a numpy RandomState seeded by (seed, bucket name): the
-    same on every rank, whatever order the buckets start in; a new draw on each call."""
-    calls: Dict[str, int] = {}
-
-    def init(name: str, dims: List[Tuple[int, int]]) -> List[np.ndarray]:
-        k = calls[name] = calls.get(name, -1) + 1
-        rs = np.random.RandomState([seed & 0xFFFFFFFF, zlib.crc32(name.encode()), k])
-        return [rs.standard_normal((m, r)).astype(np.float32) for m, r in dims]
-    return init
-
-
-@dataclass
-class _Part:
-    """One compressed tensor of a bucket: its place, its matrix and its factors' places."""
-    offset: int
-    n: int
-    m: int
-    r: int
-    p_off: int = 0
-    q_off: int = 0
-
-
-@dataclass
-class _Layout:
-    parts: List[_Part]
-    plain: List[Tuple[int, int]]  # (offset, length) of the uncompressed tensors
-    p_len: int
-    q_len: int
 
 
 @dataclass
@@ -108,7 +75,7 @@ class LowRankReducer(Reducer):
         # internal state: residuals and warm-start Qs by bucket name, the buckets' tensor shapes
         self.worker = worker_store if worker_store is not None else DictStore()
         self.server = server_store if server_store is not None else DictStore()
-        self._layouts: Dict[str, _Layout] = {}
+        self._layouts: Dict[str, MatrixLayout] = {}
         # each bucket's first draw (a zero Q column's stand-in), by the (m, r) it was drawn for;
         # kept as numpy: a traced graph cannot use the tensors of another trace
         self._first: Dict[str, Tuple[List[Tuple[int, int]], List[np.ndarray]]] = {}
@@ -120,21 +87,7 @@ class LowRankReducer(Reducer):
     # --- layout -----------------------------------------------------------------------------
     def set_shapes(self, shapes: Dict[str, Sequence[Sequence[int]]]) -> None:
         """The shapes of each bucket's tensors, in the order they lie in its flat array."""
-        self._layouts = {name: self._plan(tensors) for name, tensors in shapes.items()}
-
-    def _plan(self, tensors) -> _Layout:
-        parts, plain, off, p_len, q_len = [], [], 0, 0, 0
-        for shape in tensors:
-            numel = int(np.prod(shape, dtype=np.int64)) if len(shape) else 1
-            mat = self.codec.matrix(tuple(shape))
-            if mat is None:
-                plain.append((off, numel))
-            else:
-                n, m, r = mat
-                parts.append(_Part(off, n, m, r, p_len, q_len))
-                p_len, q_len = p_len + n * r, q_len + m * r
-            off += numel
-        return _Layout(parts, plain, p_len, q_len)
+        self._layouts = {name: matrix_layout(self.codec, tensors) for name, tensors in shapes.items()}
 
     def layout(self, n: int) -> Tuple[int, int]:
         """(server, worker) store sizes of an n-element bucket without known shapes."""
@@ -145,10 +98,10 @@ class LowRankReducer(Reducer):
         and its residual. A store may make them as zeros: a zero Q column means "none yet"."""
         return self._layout_of(name, n).q_len, n
 
-    def _layout_of(self, name: str, n: int) -> _Layout:
+    def _layout_of(self, name: str, n: int) -> MatrixLayout:
         lay = self._layouts.get(name)
         if lay is None:  # no shapes given: the bucket as one vector, uncompressed
-            lay = self._layouts[name] = _Layout([], [(0, n)], 0, 0)
+            lay = self._layouts[name] = MatrixLayout([], [(0, n)], 0, 0)
         return lay
 
     # --- one step ---------------------------------------------------------------------------

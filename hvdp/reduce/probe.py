@@ -92,9 +92,26 @@ def measure(comm, ops, like, bucket_elements: Sequence[int], candidates: Sequenc
         sync: waits for the device (CUDA: ``torch.cuda.synchronize``), called inside timings.
     """
     t_start = clock()
-    p = comm.size
     nmax = max(list(bucket_elements) + [1])
-    entries: List[Tuple[str, str, float]] = []   # (kind, key, x) in the same order on every rank
+    entries, submits = _link_runs(comm, ops, like, nmax, candidates)
+    # untimed, all at once (one negotiation round for every new name), then one by one
+    for h in [s() for s in submits]:
+        comm.wait(h)
+    times = _fastest([lambda s=s: (comm.wait(s()), sync()) for s in submits], reps, clock)
+    # codecs, alone on this rank
+    runs = _codec_runs(LoopbackComm(comm.size, comm.rank, ops), ops, like, nmax, candidates, make_reducer,
+                       entries, sync)
+    for run in runs:  # untimed: first use (allocations, a kernel's set-up)
+        run()
+    times += _fastest(runs, reps + 1, clock)
+    return _agreed_table(comm.size, entries, times, clock() - t_start, gather)
+
+
+def _link_runs(comm, ops, like, nmax: int, candidates) -> Tuple[List[Tuple[str, str, float]], List[Callable]]:
+    """The collectives to time: (kind, key, x) entries, in the same order on every rank, and
+    their submits."""
+    p = comm.size
+    entries: List[Tuple[str, str, float]] = []
     submits: List[Callable[[], object]] = []
 
     def link(key: str, x: float, submit: Callable[[], object]) -> None:
@@ -112,12 +129,11 @@ def measure(comm, ops, like, bucket_elements: Sequence[int], candidates: Sequenc
         send, own = ops.zeros(p * nb, "uint8", like=like), ops.zeros(nb, "uint8", like=like)
         link("alltoall", p * nb, lambda b=send, n=f"hvdp.probe.a2a.{nb}": comm.alltoall_async(b, n))
         link("allgather", nb, lambda b=own, n=f"hvdp.probe.ag.{nb}": comm.allgather_async(b, n))
-    # untimed, all at once (one negotiation round for every new name), then one by one
-    for h in [s() for s in submits]:
-        comm.wait(h)
-    times = _fastest([lambda s=s: (comm.wait(s()), sync()) for s in submits], reps, clock)
-    # codecs, alone on this rank
-    loop = LoopbackComm(p, comm.rank, ops)
+    return entries, submits
+
+
+def _codec_runs(loop, ops, like, nmax: int, candidates, make_reducer, entries, sync) -> List[Callable]:
+    """Each codec's whole reduction on the loop-back comm (``entries`` gets their keys)."""
     runs = []
     for n in _two_sizes(min(nmax, MAX_PROBE_ELEMENTS), 4096, 1):
         x = ops.zeros(n, "float32", like=like) + 1.0
@@ -131,11 +147,12 @@ def measure(comm, ops, like, bucket_elements: Sequence[int], candidates: Sequenc
                 fn = lambda red=red, x=x: red.finish(red.start("hvdp.probe", x))  # noqa: E731
             entries.append(("codec", str(c), n))
             runs.append(lambda fn=fn: (fn(), sync()))
-    for run in runs:  # untimed: first use (allocations, a kernel's set-up)
-        run()
-    times += _fastest(runs, reps + 1, clock)
-    # the same table everywhere (see the module's docstring for min / max)
-    mine = struct.pack(f"<{len(times) + 1}d", *times, clock() - t_start)
+    return runs
+
+
+def _agreed_table(p: int, entries, times: List[float], wall: float, gather) -> CostTable:
+    """The same table everywhere (see the module's docstring for min / max)."""
+    mine = struct.pack(f"<{len(times) + 1}d", *times, wall)
     rows = [struct.unpack(f"<{len(times) + 1}d", b) for b in gather(mine, "hvdp.probe.table")]
     agreed = [min(r[i] for r in rows) for i in range(len(times))] + [max(r[-1] for r in rows)]
     points: Dict[Tuple[str, str], List[Tuple[float, float]]] = {}

@@ -25,18 +25,15 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, Optional, Tuple
-
-import numpy as np
+from typing import Any, Optional
 
 from .collectives import AVERAGE, Collectives
 from .reducer import DictStore, Reducer
-from ..kernels import registry as _kernels
-from ..ops import NumpyOps
+from .residuals import finite_or_zero, keep_if_finite, previous
+from .staging import KernelPaths
 from .stats import WireStats, ring_allreduce_bytes, two_phase_bytes
 
 Array = Any
-HOST_OPS = NumpyOps()  # the kernels' buffers when the framework's arrays are staged on the host
 
 
 def chunk_length(n: int, p: int, align: int) -> int:
@@ -83,47 +80,11 @@ class TwoPhaseReducer(Reducer):
         # bucket; server side: the chunk this rank reduces)
         self.worker = worker_store if worker_store is not None else DictStore()
         self.server = server_store if server_store is not None else DictStore()
-        self._kernels: Dict[str, Any] = {}  # by device: (kernels or None, staged)
-        self.path: Optional[Tuple[str, str]] = None  # the last choice: (path, why no kernel or "")
+        self.paths = KernelPaths(codec, ops, stats)  # the fused kernels by device, or none
 
     def kernels_for(self, like):
         """The fused kernels for buckets like ``like`` (chosen once per device and dtype), or None."""
-        return self._choose(like)[0]
-
-    def _choose(self, like):
-        key = f"{type(like).__name__}:{getattr(like, 'device', '')}:{getattr(like, 'dtype', '')}"
-        if key not in self._kernels:
-            k, staged = None, False
-            if self.ops.writable_views:  # kernels write into the reducer's buffers
-                k, why = _kernels.explain(self.codec, self.ops, like)
-            else:  # read-only arrays: the kernels may still run on host copies
-                host = self.ops.as_numpy(like)
-                if host is None:
-                    why = [f"{self.ops.name} arrays are not written in place and give no host copy here "
-                           "(a graph being traced, or not in host memory)"]
-                else:
-                    k, why = _kernels.explain(self.codec, HOST_OPS, host)
-                    staged = k is not None
-            self._kernels[key] = (k, staged)
-            path = getattr(k, "path", "array ops") + (" (host copies)" if staged else "")
-            self.path = (path, "" if k else "; ".join(why))
-            if self.stats is not None:
-                self.stats.path(self.codec.name, *self.path)
-        return self._kernels[key]
-
-    def _kernel_ops(self, staged):
-        """The ops of the kernels' buffers: numpy's when staged on the host, else the reducer's."""
-        return HOST_OPS if staged else self.ops
-
-    def _host(self, x, staged):
-        """x as the kernels' buffer: itself, or its host copy when staged."""
-        if not staged or x is None or isinstance(x, np.ndarray):  # a host residual already is one
-            return x
-        return self.ops.as_numpy(x)
-
-    def _back(self, a, staged):
-        """A kernel's host result as the framework's array."""
-        return self.ops.from_numpy(a) if staged else a
+        return self.paths.choose(like)[0]
 
     def _time(self, phase, t0):
         if self.stats is not None:
@@ -140,11 +101,6 @@ class TwoPhaseReducer(Reducer):
         c = chunk_length(n, self.comm.size, self.codec.align)
         return c, c * self.comm.size
 
-    def _finite_or_zero(self, r):
-        if self.ops.all_finite(r):
-            return r
-        return self.ops.where(self.ops.isfinite(r), r, 0.0)
-
     def _encode_with_feedback(self, x, store, name, prev):
         """Encode x (+ ``prev``, the residual kept under ``name``, or None); keep the new residual.
         Returns the payload and, with error feedback, its decoded value (else None)."""
@@ -156,7 +112,7 @@ class TwoPhaseReducer(Reducer):
         payload = c.encode(ops, x)
         decoded = c.decode(ops, payload, ops.size(x))
         # a non-finite element must not poison every later step through the residual
-        store.set(name, self._finite_or_zero(x - decoded))
+        store.set(name, finite_or_zero(self.ops, x - decoded))
         return payload, decoded
 
     def _chunk(self, flat, i, c, n, ops=None):
@@ -169,7 +125,7 @@ class TwoPhaseReducer(Reducer):
         return ops.cat([tail, ops.zeros(hi - max(lo, n), "float32", like=flat)])
 
     def start(self, name: str, flat: Array) -> _Pending:
-        k, staged = self._choose(flat)  # once per device (a first build compiles): not a phase's time
+        k, staged = self.paths.choose(flat)  # once per device (a first build compiles): not a phase's time
         t0 = time.perf_counter()
         p, n = self.comm.size, self.ops.size(flat)
         c = chunk_length(n, p, self.codec.align)
@@ -187,25 +143,18 @@ class TwoPhaseReducer(Reducer):
     def _previous(self, store, name, size):
         """The residual kept under ``name`` if it has ``size`` elements, else None (none yet, or
         another layout's). Never written in place: a step that is rolled back sets it again."""
-        if not self.error_feedback:
-            return None
-        prev = store.get(name)
-        if prev is None:
-            return None
-        # a staged kernel keeps its residuals as host (numpy) arrays in an in-memory store
-        ops = HOST_OPS if isinstance(prev, np.ndarray) else self.ops
-        return prev if ops.size(prev) == size else None
+        return previous(self.ops, store, name, size) if self.error_feedback else None
 
     def _encode_kernel(self, k, name, flat, n, c, prev, staged=False):
         """Every chunk (+ its residual ``prev``) encoded by one kernel call into the send buffer;
         the new residual is a new buffer (``prev`` stays valid)."""
-        ops, p = self._kernel_ops(staged), self.comm.size
-        flat = self._host(flat, staged)
+        ops, p = self.paths.ops_of(staged), self.comm.size
+        flat = self.paths.host(flat, staged)
         nb = self.codec.payload_nbytes(c)
         empty = ops.empty  # every byte gets written
         send = empty(p * nb, "uint8", like=flat)
         res = None
-        prev = self._host(prev, staged)
+        prev = self.paths.host(prev, staged)
         if self.error_feedback:
             res = empty(c * p, "float32", like=flat)
         for i in range(p):
@@ -213,7 +162,7 @@ class TwoPhaseReducer(Reducer):
                      residual=None if res is None else res[i * c:(i + 1) * c], out=send[i * nb:(i + 1) * nb])
         if res is not None:
             self.worker.set(name, res)  # a graph framework's store assigns it to its variable
-        return self._back(send, staged), None
+        return self.paths.back(send, staged), None
 
     def _encode_ops(self, name: str, flat: Array, n: int, c: int, prev):
         # Chunk by chunk: the padded bucket, its corrected value and its decoded value never
@@ -233,7 +182,7 @@ class TwoPhaseReducer(Reducer):
                     part = self.codec.decode(ops, payloads[i], c)
                     if i == self.comm.rank and prev is not None:
                         own = part  # x was this step's own array: exchange may sum into it
-                    r = self._finite_or_zero(x - part)
+                    r = finite_or_zero(self.ops, x - part)
                     del x, part  # not alive while assemble copies r
                     yield i * c, r
 
@@ -251,16 +200,16 @@ class TwoPhaseReducer(Reducer):
         pend.prev_server = prev = self._previous(self.server, pend.name, c)
         if k is not None:  # decode and sum in one pass, then encode with the server residual
             staged = pend.staged
-            kops = self._kernel_ops(staged)
-            acc = k.decode_sum(self._host(recv, staged), p, c, scale)
+            kops = self.paths.ops_of(staged)
+            acc = k.decode_sum(self.paths.host(recv, staged), p, c, scale)
             pend.own = None
             if self.error_feedback:
                 res = kops.empty(c, "float32", like=acc)
-                payload = k.encode(acc, prev=self._host(prev, staged), residual=res)
+                payload = k.encode(acc, prev=self.paths.host(prev, staged), residual=res)
                 self.server.set(pend.name, res)
             else:
                 payload = k.encode(acc)
-            payload = self._back(payload, staged)
+            payload = self.paths.back(payload, staged)
         else:
             payload = self._exchange_ops(pend, recv, scale, prev)
         self._time("owner", t0)
@@ -298,8 +247,8 @@ class TwoPhaseReducer(Reducer):
         t0 = time.perf_counter()
         nb = self.codec.payload_nbytes(c)
         if pend.kernels is not None:  # straight into the result
-            kops = self._kernel_ops(pend.staged)
-            got = self._host(got, pend.staged)
+            kops = self.paths.ops_of(pend.staged)
+            got = self.paths.host(got, pend.staged)
             out = kops.empty(c * p, "float32", like=got)
             for j in range(p):
                 pend.kernels.decode(got[j * nb:(j + 1) * nb], c, out=out[j * c:(j + 1) * c])
@@ -309,34 +258,12 @@ class TwoPhaseReducer(Reducer):
                                                    else self.codec.decode(ops, got[j * nb:(j + 1) * nb], c))
                                                   for j in range(p)), like=got)
         self._time("final_decode", t0)
-        out = self._back(out, pend.staged)
+        out = self.paths.back(out, pend.staged)
         if self.error_feedback:
-            self.keep_if_finite(pend.name, out, ((self.worker, pend.prev_worker), (self.server, pend.prev_server)))
+            keep_if_finite(self.ops, pend.name, out,
+                           ((self.worker, pend.prev_worker), (self.server, pend.prev_server)))
             pend.prev_worker = pend.prev_server = None
         return out[:pend.n]
-
-    def keep_if_finite(self, name: str, out: Array, before) -> None:
-        """Put the residuals a step wrote back as they were unless ``out`` (its reduced bucket, the
-        same bits on every rank, so every rank decides alike) is finite.
-
-        ``before``: ``(store, previous value or None)`` for each store the step set under
-        ``name``; None (no residual before the step) comes back as zeros. Eagerly the check is
-        one read of ``out``, and nothing else runs for a finite step. Where the data cannot be
-        looked at (a TensorFlow graph being traced: ``all_finite`` answers False) the rollback is
-        a select, ``where(finite, new, previous)``, which a graph store assigns to its variable
-        like any other value.
-        """
-        ops = self.ops
-        if ops.all_finite(out):
-            return
-        n = ops.size(out)
-        bad = ops.amax_rows(ops.reshape(ops.where(ops.isfinite(out), 0.0, 1.0), (1, n))) > 0  # shape (1,)
-        for store, prev in before:
-            new = store.get(name)
-            if new is None:
-                continue
-            old = prev if prev is not None else ops.zeros(ops.size(new), "float32", like=new)
-            store.set(name, ops.where(bad, old, new))
 
     # --- state ------------------------------------------------------------------------------
     def state_dict(self) -> dict:

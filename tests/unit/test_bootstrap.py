@@ -5,6 +5,7 @@ import threading
 import pytest
 
 from hvdp.cluster import bootstrap as bs
+from hvdp.cluster import launchers
 
 TORCHRUN = {"RANK": "1", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
             "MASTER_ADDR": "node01", "MASTER_PORT": "29500", "TORCHELASTIC_RUN_ID": "x"}
@@ -13,28 +14,28 @@ SRUN = {"SLURM_PROCID": "3", "SLURM_NTASKS": "4", "SLURM_STEP_NUM_TASKS": "4", "
 
 
 def test_detects_each_launcher():
-    assert bs.detect({}).kind == "none" and not bs.detect({}).bootstraps
-    h = bs.detect({"HOROVOD_RANK": "1", "HOROVOD_SIZE": "2", "RANK": "0", "WORLD_SIZE": "2"})
+    assert launchers.detect({}).kind == "none" and not launchers.detect({}).bootstraps
+    h = launchers.detect({"HOROVOD_RANK": "1", "HOROVOD_SIZE": "2", "RANK": "0", "WORLD_SIZE": "2"})
     assert (h.kind, h.rank, h.size, h.bootstraps) == ("horovod", 1, 2, False)  # horovodrun first
-    assert bs.detect({"HOROVOD_GLOO_RENDEZVOUS_ADDR": "1.2.3.4"}).kind == "horovod"
-    m = bs.detect({"OMPI_COMM_WORLD_RANK": "2", "OMPI_COMM_WORLD_SIZE": "8", **SRUN})
+    assert launchers.detect({"HOROVOD_GLOO_RENDEZVOUS_ADDR": "1.2.3.4"}).kind == "horovod"
+    m = launchers.detect({"OMPI_COMM_WORLD_RANK": "2", "OMPI_COMM_WORLD_SIZE": "8", **SRUN})
     assert (m.kind, m.name, m.rank, m.size) == ("mpi", "mpirun (Open MPI)", 2, 8)
-    assert bs.detect({"PMIX_RANK": "0"}).size is None  # no size to check
-    assert bs.detect({"PMI_RANK": "1", "PMI_SIZE": "3"}).size == 3
-    t = bs.detect({**TORCHRUN, **SRUN})  # torchrun inside an srun step: torchrun's world
+    assert launchers.detect({"PMIX_RANK": "0"}).size is None  # no size to check
+    assert launchers.detect({"PMI_RANK": "1", "PMI_SIZE": "3"}).size == 3
+    t = launchers.detect({**TORCHRUN, **SRUN})  # torchrun inside an srun step: torchrun's world
     assert (t.kind, t.name, t.rank, t.size, t.local_rank, t.local_size, t.addr, t.port) == \
         ("torchrun", "torchrun", 1, 4, 1, 2, "node01", 29500)
     assert t.bootstraps
-    assert bs.detect({"RANK": "0", "WORLD_SIZE": "2"}).name == "a torchrun-style launcher"
-    assert not bs.detect({"RANK": "0", "WORLD_SIZE": "1"}).bootstraps  # one process: nothing to do
-    s = bs.detect(SRUN)
+    assert launchers.detect({"RANK": "0", "WORLD_SIZE": "2"}).name == "a torchrun-style launcher"
+    assert not launchers.detect({"RANK": "0", "WORLD_SIZE": "1"}).bootstraps  # one process: nothing to do
+    s = launchers.detect(SRUN)
     assert (s.kind, s.rank, s.size, s.local_rank, s.addr, s.port) == ("slurm", 3, 4, 1, "gpu07", 29400 + 1234)
-    s2 = bs.detect({**SRUN, "MASTER_ADDR": "head", "MASTER_PORT": "4000"})
+    s2 = launchers.detect({**SRUN, "MASTER_ADDR": "head", "MASTER_PORT": "4000"})
     assert (s2.addr, s2.port) == ("head", 4000)
     # a batch script's own shell (no srun step) is not a launcher of several processes
-    assert bs.detect({"SLURM_PROCID": "0", "SLURM_NTASKS": "4", "SLURM_JOB_NODELIST": "n1"}).kind == "none"
+    assert launchers.detect({"SLURM_PROCID": "0", "SLURM_NTASKS": "4", "SLURM_JOB_NODELIST": "n1"}).kind == "none"
     with pytest.raises(ValueError, match="WORLD_SIZE='two'"):
-        bs.detect({"RANK": "0", "WORLD_SIZE": "two"})
+        launchers.detect({"RANK": "0", "WORLD_SIZE": "two"})
 
 
 @pytest.mark.parametrize("text,hosts", [
@@ -45,45 +46,45 @@ def test_detects_each_launcher():
     ("x[3],y[009-010]z", ["x3", "y009z", "y010z"]),
 ])
 def test_parses_slurm_node_lists(text, hosts):
-    assert bs.parse_nodelist(text) == hosts
+    assert launchers.parse_nodelist(text) == hosts
 
 
 def test_refuses_a_broken_node_list():
     with pytest.raises(ValueError, match="unbalanced"):
-        bs.parse_nodelist("node[01-03")
+        launchers.parse_nodelist("node[01-03")
     with pytest.raises(ValueError, match="cannot read"):
-        bs.parse_nodelist("node[a-b]")
+        launchers.parse_nodelist("node[a-b]")
 
 
 def test_plan_matches_horovods_host_assignments():
-    slots = bs.plan(["a", "a", "b", "b"])
+    slots = launchers.plan(["a", "a", "b", "b"])
     assert [(s.local_rank, s.local_size, s.cross_rank, s.cross_size) for s in slots] == \
         [(0, 2, 0, 2), (1, 2, 0, 2), (0, 2, 1, 2), (1, 2, 1, 2)]
     assert all(s.size == 4 for s in slots) and [s.rank for s in slots] == [0, 1, 2, 3]
     # uneven hosts and interleaved ranks: local ranks in rank order, hosts in order of first rank
-    slots = bs.plan(["b", "a", "b", "a", "b"])
+    slots = launchers.plan(["b", "a", "b", "a", "b"])
     assert [(s.hostname, s.local_rank, s.local_size, s.cross_rank, s.cross_size) for s in slots] == \
         [("b", 0, 3, 0, 2), ("a", 0, 2, 1, 2), ("b", 1, 3, 0, 2), ("a", 1, 2, 1, 2), ("b", 2, 3, 0, 1)]
 
 
 def test_plan_is_horovods_own_where_horovod_is_installed():
     hosts = pytest.importorskip("horovod.runner.common.util.hosts")
-    mine = bs.plan(["a", "a", "a", "b", "b", "c"])
+    mine = launchers.plan(["a", "a", "a", "b", "b", "c"])
     theirs = hosts.get_host_assignments(hosts.parse_hosts("a:3,b:2,c:1"), 6)
     assert [s.__dict__ for s in mine] == [t.__dict__ for t in theirs]
 
 
 def test_refuses_a_silent_split():
-    la = bs.detect(TORCHRUN)
+    la = launchers.detect(TORCHRUN)
     with pytest.raises(RuntimeError) as e:
-        bs.check_size(la, 1)
+        launchers.check_size(la, 1)
     msg = str(e.value)
     assert "torchrun started 4 processes" in msg and "size 1" in msg and "Fix:" in msg
     assert "RANK" in msg and "horovodrun" in msg
-    bs.check_size(la, 4)
-    bs.check_size(bs.detect({}), 1)
+    launchers.check_size(la, 4)
+    launchers.check_size(launchers.detect({}), 1)
     with pytest.raises(RuntimeError, match=r"mpirun \(Open MPI\) started 2 .* install-horovod"):
-        bs.check_size(bs.detect({"OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_RANK": "0"}), 1)
+        launchers.check_size(launchers.detect({"OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_RANK": "0"}), 1)
 
 
 class FakeStore:
@@ -113,7 +114,7 @@ def test_bootstrap_gives_each_rank_horovodruns_variables():
 
     def rank(r):
         env = {**TORCHRUN, "RANK": str(r), "WORLD_SIZE": "3", "HOROVOD_GLOO_IFACE": "eth9"}
-        out[r] = bs.bootstrap(bs.detect(env), store, hostname=hosts[r], environ=env, start=start)
+        out[r] = bs.bootstrap(launchers.detect(env), store, hostname=hosts[r], environ=env, start=start)
 
     threads = [threading.Thread(target=rank, args=(r,)) for r in (2, 1, 0)]
     [t.start() for t in threads]
@@ -128,7 +129,7 @@ def test_bootstrap_gives_each_rank_horovodruns_variables():
 
 
 def test_one_host_uses_loopback():
-    la = bs.Launcher("torchrun", "torchrun", 0, 1, addr="somewhere.invalid", port=1)
+    la = launchers.Launcher("torchrun", "torchrun", 0, 1, addr="somewhere.invalid", port=1)
     got = bs.bootstrap(la, FakeStore(), hostname="h", environ={}, start=lambda slots: 7)
     assert (got["HOROVOD_GLOO_RENDEZVOUS_ADDR"], got["HOROVOD_GLOO_IFACE"]) == ("127.0.0.1", "lo")
     kept = bs.bootstrap(la, FakeStore(), hostname="h", environ={"NCCL_SOCKET_IFNAME": "ib0"},

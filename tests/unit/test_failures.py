@@ -8,9 +8,10 @@ import threading
 
 import pytest
 
-from hvdp.cluster import failures
 from hvdp.cluster.boards import DirBoard, KVBoard, board_from_env
-from hvdp.cluster.failures import FailureReporter, explain
+from hvdp.cluster import reports
+from hvdp.cluster.failures import FailureReporter
+from hvdp.cluster.reports import explain
 from hvdp.private import Refused
 
 
@@ -52,7 +53,7 @@ def test_consequences_are_never_reported_and_once_only(tmp_path):
     e = KeyError("k")
     r.report(e, "first")
     r.report(e, "second")
-    (only,) = failures.parse_reports(board.read(), exclude_rank=0)
+    (only,) = reports.parse_reports(board.read(), exclude_rank=0)
     assert only["where"] == "first" and only["rank"] == 2
 
 
@@ -69,12 +70,12 @@ def test_consequences_are_never_reported_and_once_only(tmp_path):
     ("", False),
 ])
 def test_collective_failures_are_told_from_the_users_own_errors(message, failed):
-    assert failures.collective_failed(message) is failed
+    assert reports.collective_failed(message) is failed
 
 
 def test_stale_reports_are_ignored():
-    old = failures.make_report(1, ValueError("old"), "x", now=0.0)
-    assert failures.parse_reports([old, b"not json"], exclude_rank=0, now=failures.MAX_AGE_S + 1) == []
+    old = reports.make_report(1, ValueError("old"), "x", now=0.0)
+    assert reports.parse_reports([old, b"not json"], exclude_rank=0, now=reports.MAX_AGE_S + 1) == []
 
 
 def test_rank_is_remembered_after_horovod_is_gone(tmp_path):

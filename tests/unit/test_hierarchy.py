@@ -10,7 +10,8 @@ from hvdp import codecs
 from hvdp.codecs.auto import Auto
 from hvdp.reduce.collectives import AVERAGE, SUM
 from hvdp.reduce.engine import Engine
-from hvdp.reduce.hierarchy import HierarchicalReducer, HierarchyError, static_groups, topology
+from hvdp.cluster.topology import HierarchyError, static_groups, topology
+from hvdp.reduce.hierarchy import HierarchicalReducer
 from hvdp.ops import NumpyOps
 from hvdp.reduce.plan import CompressionPolicy
 from hvdp.reduce.settings import ReduceSettings
@@ -239,7 +240,7 @@ class _FakeSets:
 
 def test_make_levels_adds_the_sets_or_says_how(monkeypatch):
     from hvdp.cluster import mesh
-    from hvdp.reduce.hierarchy import make_levels
+    from hvdp.cluster.topology import make_levels
     monkeypatch.setattr(mesh, "_KNOWN", {})
     places = [(0, 0), (0, 1), (1, 0), (1, 1)]
     gather = lambda data, name: [np.array(p, "<i4").tobytes() for p in places]  # noqa: E731

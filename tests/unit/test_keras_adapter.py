@@ -2,6 +2,7 @@
 Horovod's names reachable on both backends."""
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -194,6 +195,7 @@ def test_horovods_optimizer_and_callback_arguments_are_accepted_and_checked(back
     callbacks, and a Sequential without Input trained with the broadcast callback (one worker)."""
     code = r'''
 import warnings, numpy as np, keras, hvdp.keras as hvd
+from hvdp.keras.state import state_of
 hvd.init()
 def opt(**kw):
     return hvd.DistributedOptimizer(keras.optimizers.SGD(1.0), **kw)
@@ -216,17 +218,17 @@ a, b, c = (keras.Variable(np.ones(3, "float32"), name=n) for n in "abc")
 grads = [t([1, 2, 3]), t([4, 5, 6]), t([7, 8, 9])]
 o = opt(groups=[[a, b]])
 o.apply(grads, [a, b, c])
-assert o._hvdp.engine.groups == ((a.path, b.path),), o._hvdp.engine.groups
+assert state_of(o).engine.groups == ((a.path, b.path),), state_of(o).engine.groups
 o = opt(groups=2)
 o.apply(grads, [a, b, c])
-assert o._hvdp.engine.groups == ((a.path, b.path), (c.path,)), o._hvdp.engine.groups
+assert state_of(o).engine.groups == ((a.path, b.path), (c.path,)), state_of(o).engine.groups
 o = opt()
 o.apply(grads, [a, b, c])
-assert c.path in o._hvdp.engine.names
+assert c.path in state_of(o).engine.names
 o.register_local_var(c)  # after the first step: planned again without it
 before = keras.ops.convert_to_numpy(c)
 o.apply(grads, [a, b, c])
-assert c.path not in o._hvdp.engine.names and a.path in o._hvdp.engine.names, o._hvdp.engine.names
+assert c.path not in state_of(o).engine.names and a.path in state_of(o).engine.names, state_of(o).engine.names
 assert np.allclose(keras.ops.convert_to_numpy(c), before - np.array([7, 8, 9]) / hvd.size())
 raises(TypeError, lambda: o.register_local_var(np.ones(3)))
 cb = hvd.callbacks.BroadcastGlobalVariablesCallback(0, local_variables=a)
@@ -248,3 +250,66 @@ print("ACCEPTED")
 '''
     r = _run(code, backend)
     assert r.stdout.strip().endswith("ACCEPTED"), r.stderr[-3000:]
+
+
+@pytest.mark.parametrize("backend", ["tensorflow", "torch"])
+def test_one_state_object_per_distributed_optimizer(backend):
+    """Issue 34: a distributed optimizer's settings and state are one OptimizerReducer, built with
+    its groups and local variables, reached through state_of; a LossScaleOptimizer wrapped around
+    it later (mixed_float16 set after the optimizer was made) shares it, reduces in its place and
+    starts its own accumulation."""
+    code = r'''
+import numpy as np, keras, hvdp.keras as hvd
+from hvdp.keras.reducer import OptimizerReducer
+from hvdp.keras.state import state_of
+hvd.init()
+plain = keras.optimizers.SGD(0.1)
+assert state_of(plain) is None and state_of(None) is None
+opt = hvd.DistributedOptimizer(plain, backward_passes_per_step=2, average_aggregated_gradients=True, groups=1,
+                               scale_local_gradients=False)
+red = state_of(opt)
+assert isinstance(red, OptimizerReducer) and red.backward_passes == 2 and red.average_aggregated
+assert red.groups is not None and red.local.scale is False and red.outer is None
+v = keras.Variable(np.ones(3, "float32"))
+g = keras.ops.convert_to_tensor(np.full(3, 2.0, "float32"))
+opt.apply([g], [v])
+count = lambda: int(keras.ops.convert_to_numpy(red.count.read()))
+assert len(red.accumulators) == 1 and count() == 1 and not red.reduced_elsewhere(opt)
+assert red.engine.groups == ((v.path,),), red.engine.groups
+lso = keras.optimizers.LossScaleOptimizer(opt)
+assert state_of(lso) is red and red.outer is lso and red.accumulators == [] and red.count is None
+assert red.reduced_elsewhere(opt) and not red.reduced_elsewhere(lso)
+lso.apply([g], [v])
+assert len(red.accumulators) == 1 and count() == 1  # the LossScaleOptimizer's own cycle
+try:
+    hvd.DistributedOptimizer(opt)
+except ValueError as e:
+    assert "already distributed" in str(e)
+else:
+    raise AssertionError("distributed twice")
+print("ONE STATE")
+'''
+    r = _run(code, backend)
+    assert r.stdout.strip().endswith("ONE STATE"), r.stderr[-3000:]
+
+
+KERAS_ADAPTER = os.path.join(os.path.dirname(__file__), "..", "..", "adapters", "keras")
+
+
+def test_keras_state_attribute_named_by_its_module_only_and_no_private_imports():
+    """Issue 34: the attribute hvdp.keras keeps its state under is named in state.py only (every
+    other module calls state_of), and no module imports another module's private name."""
+    attribute = re.compile(r"""\._hvdp\b(?!_)|["']_hvdp["']""")
+    hits = []
+    for f in sorted(os.listdir(KERAS_ADAPTER)):
+        if not f.endswith(".py"):
+            continue
+        with open(os.path.join(KERAS_ADAPTER, f), encoding="utf-8") as fh:
+            for i, line in enumerate(fh, 1):
+                if f != "state.py" and attribute.search(line):
+                    hits.append(f"{f}:{i}: {line.strip()}")
+                m = re.match(r"\s*from \.\w* import ([^#]+)", line)
+                names = [n.strip(" ()").split(" as ")[0].strip() for n in m.group(1).split(",")] if m else []
+                if any(n.startswith("_") for n in names):
+                    hits.append(f"{f}:{i}: {line.strip()}")
+    assert not hits, "\n".join(hits)

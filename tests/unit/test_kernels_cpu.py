@@ -279,7 +279,7 @@ def test_registry_order_duplicates_and_broken_provider():
 
 
 def test_doctor_names_the_path_and_why(monkeypatch):
-    from hvdp.doctor import kernel_paths
+    from hvdp.kernels.registry import kernel_paths
     # only the CPU backend: an adapter imported earlier in this process (hvdp.torch registers the
     # CUDA kernels) would add its own "not a CUDA tensor" reason to each line
     registry._load_builtin()

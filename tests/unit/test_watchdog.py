@@ -5,7 +5,8 @@ import json
 import pytest
 
 from hvdp.cluster.boards import DirBoard
-from hvdp.cluster.failures import FailureReporter, parse_reports
+from hvdp.cluster.failures import FailureReporter
+from hvdp.cluster.reports import parse_reports
 from hvdp.cluster.watchdog import NOTE_KEY, StallError, StallWatchdog
 
 
