@@ -8,7 +8,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 from .probe import measure
 
@@ -99,15 +99,19 @@ class StepDrive:
         return bool(self._pending)
 
     def exchange_all(self) -> None:
-        """Every started bucket's second phase, then (two levels) every bucket's third."""
-        for pend in self._pending.values():
+        """Every started bucket's second phase, then (two levels) every bucket's third; once per
+        bucket (a later call before :meth:`finish_buckets` has nothing left to do)."""
+        todo = [pend for b, pend in self._pending.items() if b not in self._exchanged]
+        for pend in todo:
             self.reducer.exchange(pend)
-        for pend in self._pending.values():
+        for pend in todo:
             self.reducer.advance(pend)
+        self._exchanged.update(self._pending)
 
     def finish_buckets(self) -> Iterator[Tuple[int, Array]]:
         """Every started bucket's averaged flat float32 values, in start order."""
         pending, self._pending = self._pending, {}
+        self._exchanged = set()
         for b, pend in pending.items():
             yield b, self.reducer.finish(pend)
 
@@ -131,6 +135,7 @@ class StepDrive:
     def abort(self) -> None:
         """Drop a failed step's reductions (an elastic reset); auto measures again."""
         self._pending.clear()
+        self._exchanged = set()
         if self.chooser is not None:
             self.chooser.invalidate()
 
@@ -138,7 +143,11 @@ class StepDrive:
         """Every gradient of a step at once (the layout's order; Keras, also while traced): every
         collective is submitted before the first wait. ``joined``: some rank has joined (uneven
         inputs; buckets by allreduce)."""
-        ops, out = self.ops, list(grads)
+        return self.complete(self.submit(grads, compress, joined))
+
+    def submit(self, grads: Sequence[Array], compress: bool = True, joined: bool = False) -> "Submitted":
+        """The first half of :meth:`reduce`: every collective's first phase started, nothing
+        waited for. Outer steps submit at a sync and :meth:`complete` steps later."""
         self._join_flag = joined
         buckets = self.plan.buckets if compress else ()
         in_bucket = {i for idx in buckets for i in idx}
@@ -146,12 +155,25 @@ class StepDrive:
                  for i, g in enumerate(grads) if i not in in_bucket}
         for b, idx in enumerate(buckets):
             self.start_bucket(b, [grads[i] for i in idx])
+        return Submitted(list(grads), plain, bool(compress), bool(joined))
+
+    def complete(self, sub: "Submitted") -> List[Array]:
+        """Wait for what :meth:`submit` started: every gradient averaged, in the layout's order."""
+        ops, out, grads = self.ops, list(sub.grads), sub.grads
         self.exchange_all()
-        for i, pend in plain.items():
+        for i, pend in sub.plain.items():
             out[i] = self.plain.finish(pend)
         for b, flat in self.finish_buckets():
             for i, piece in self.pieces(b, flat):
                 out[i] = ops.cast(ops.reshape(piece, self.shapes[i]), ops.dtype(grads[i]))
         if self._tracing():
-            self.traced.keep(compress, joined, self.stats.take_step())
+            self.traced.keep(sub.compress, sub.joined, self.stats.take_step())
         return out
+
+
+class Submitted(NamedTuple):
+    """A reduction :meth:`StepDrive.submit` started: the inputs, the plain tensors' pendings."""
+    grads: List[Array]
+    plain: Dict[int, Any]
+    compress: bool
+    joined: bool

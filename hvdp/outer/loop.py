@@ -1,0 +1,146 @@
+"""The outer loop, framework-free: an adapter calls :meth:`OuterLoop.after_step` after every
+inner step with the worker's current parameters and writes back what it returns.
+
+Per fragment (a group of the parameters, each with its own engine: one layout, its buckets,
+codec and residuals), at its sync step:
+
+1. the pseudo-gradient of each tensor, ``global - local`` in float32, is submitted to the
+   fragment's engine (every collective's first phase started, nothing waited for);
+2. ``delay`` inner steps later (the second phase started one step after the sync where
+   ``delay >= 2``) the average is waited for and the outer SGD moves the global parameters:
+   ``buf = momentum * buf + g`` (``buf = g`` the first time), ``d = g + momentum * buf``
+   (Nesterov) or ``buf``, ``global -= lr * d``;
+3. the worker continues from ``mix * local + (1 - mix) * global`` (``global`` itself with the
+   default ``mix=0``), the same bits on every rank.
+
+Example::
+
+    loop = OuterLoop(OuterSettings(sync_every=4), NumpyOps(), [engine], [[0, 1]], [w, b])
+    for step in range(100):
+        w, b = inner_step(w, b)
+        for i, value in loop.after_step([w, b]):
+            (w, b)[i][...] = value          # the adapter writes into its parameters
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from .settings import OuterSettings
+
+Array = Any
+
+
+class OuterLoop:
+    """Outer steps over parameters split in fragments (see the module's docstring).
+
+    Args:
+        settings: H, the outer optimizer, fragments, delay, mix.
+        ops: the framework's array ops (``hvdp.ops``).
+        engines: one :class:`~hvdp.reduce.engine.Engine` per fragment, its layout set to that
+            fragment's tensors in the order of ``fragments[k]``.
+        fragments: the tensor indices of each fragment (together every index once).
+        params: the starting parameters, the same on every rank (broadcast first): the global
+            parameters start as a float32 copy of them.
+    """
+
+    def __init__(self, settings: OuterSettings, ops, engines: Sequence[Any], fragments: Sequence[Sequence[int]],
+                 params: Sequence[Array]):
+        if len(engines) != len(fragments) or len(fragments) != settings.fragments:
+            raise ValueError(f"{settings.fragments} fragments need as many engines and index lists, got "
+                             f"{len(engines)} and {len(fragments)}")
+        every = sorted(i for f in fragments for i in f)
+        if every != list(range(len(params))):
+            raise ValueError("the fragments must hold every parameter index exactly once")
+        self.settings, self.ops = settings, ops
+        self.engines, self.fragments = list(engines), [list(f) for f in fragments]
+        # internal state: the global parameters, the outer optimizer's momentum, the inner step
+        self.globals: List[Array] = [self._copy(p) for p in params]
+        self.momentum: List[Optional[Array]] = [None] * len(params)
+        self.step = 0
+        self.outer_steps = [0] * len(fragments)
+        self._inflight: Dict[int, Tuple[int, Any]] = {}  # fragment -> (step it lands, submitted)
+
+    def _copy(self, x: Array) -> Array:
+        return self.ops.cast(x, "float32") * 1.0  # a new float32 array (a cast may return x itself)
+
+    def syncs_at(self, fragment: int, step: int) -> bool:
+        """Whether ``fragment`` starts a sync after inner step ``step`` (1-based)."""
+        s = self.settings
+        return step > 0 and step % s.sync_every == s.offset(fragment)
+
+    @property
+    def in_flight(self) -> bool:
+        return bool(self._inflight)
+
+    def after_step(self, params: Sequence[Array]) -> List[Tuple[int, Array]]:
+        """After an inner step: start the syncs due now, advance and land those in flight.
+        -> ``(index, new value)`` of every parameter to write back (most steps: none)."""
+        self.step += 1
+        out: List[Tuple[int, Array]] = []
+        for f, (lands, _) in sorted(self._inflight.items()):
+            if lands == self.step:
+                out += self._land(f, params)
+            elif self.step == lands - self.settings.delay + 1:
+                self.engines[f].exchange_all()  # second phase, one step after the sync
+        for f in range(len(self.fragments)):
+            if self.syncs_at(f, self.step):
+                self._start(f, params)
+                if self.settings.delay == 0:
+                    out += self._land(f, params)
+        return out
+
+    def _start(self, f: int, params: Sequence[Array]) -> None:
+        eng = self.engines[f]
+        deltas = [self.globals[i] - self.ops.cast(params[i], "float32") for i in self.fragments[f]]
+        eng.begin_step(deltas[0] if deltas else None)
+        sub = eng.submit(deltas, compress=eng.compressing)
+        self._inflight[f] = (self.step + self.settings.delay, sub)
+
+    def _land(self, f: int, params: Sequence[Array]) -> List[Tuple[int, Array]]:
+        s, ops, eng = self.settings, self.ops, self.engines[f]
+        _, sub = self._inflight.pop(f)
+        avg = eng.complete(sub)
+        eng.end_step()
+        self.outer_steps[f] += 1
+        out = []
+        for i, g in zip(self.fragments[f], avg):
+            d = g
+            if s.momentum:
+                buf = g * 1.0 if self.momentum[i] is None else self.momentum[i] * s.momentum + g
+                self.momentum[i] = buf
+                d = g + buf * s.momentum if s.nesterov else buf
+            self.globals[i] = self.globals[i] - d * s.lr
+            new = self.globals[i]
+            if s.mix:
+                new = ops.cast(params[i], "float32") * s.mix + new * (1 - s.mix)
+            out.append((i, new))
+        return out
+
+    # --- what a checkpoint carries ------------------------------------------------------------
+    def state(self) -> dict:
+        """The global parameters, the outer momentum, the step within the interval and every
+        fragment's engine state (residuals). A fragment in flight cannot be saved: checkpoint
+        where :attr:`in_flight` is False (always, with ``delay=0``)."""
+        if self._inflight:
+            raise RuntimeError(f"outer steps: fragment(s) {sorted(self._inflight)} are being reduced (delay="
+                               f"{self.settings.delay}); save the checkpoint at a step where none is in "
+                               "flight (OuterLoop.in_flight is False)")
+        return {"settings": self.settings.describe(), "step": self.step, "outer_steps": list(self.outer_steps),
+                "globals": list(self.globals), "momentum": list(self.momentum),
+                "engines": [e.state() for e in self.engines]}
+
+    def load_state(self, state: dict) -> None:
+        if state.get("settings") != self.settings.describe():
+            raise ValueError(f"this checkpoint's outer steps were {state.get('settings')!r}, the optimizer's are "
+                             f"{self.settings.describe()!r}: resume with the same sync_every, outer optimizer, "
+                             "fragments and delay")
+        if len(state["globals"]) != len(self.globals):
+            raise ValueError(f"the checkpoint holds {len(state['globals'])} global parameters, the optimizer "
+                             f"{len(self.globals)}")
+        self._inflight.clear()
+        self.step = int(state["step"])
+        self.outer_steps = list(state["outer_steps"])
+        self.globals = [self._copy(g) for g in state["globals"]]
+        self.momentum = [None if m is None else self._copy(m) for m in state["momentum"]]
+        for e, st in zip(self.engines, state["engines"]):
+            e.load_state(st)

@@ -1,0 +1,69 @@
+"""What an outer-step optimizer does, frozen and checked once (both adapters make it).
+
+Example::
+
+    OuterSettings(sync_every=8)                      # DiLoCo's outer Nesterov SGD, lr 0.7
+    OuterSettings(sync_every=4, lr=1.0, momentum=0)  # periodic parameter averaging
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class OuterSettings:
+    """The outer loop's settings (every rank must share them: the ranks-agree check sees them).
+
+    Args:
+        sync_every: H, inner steps between two syncs of a fragment (>= 1). H = 1 with lr 1 and
+            no momentum is plain data parallelism on the parameters.
+        lr, momentum, nesterov: the outer SGD applied to the averaged pseudo-gradient (PyTorch's
+            ``torch.optim.SGD`` rule: the first step's momentum buffer is the gradient itself).
+        fragments: K, the parameters split in K fragments synced in turn, fragment k at the
+            inner steps where (step mod H) == k * H // K (Streaming DiLoCo); 1 syncs all at once.
+        delay: tau, inner steps between a fragment's sync (its reduction started) and the step its
+            average is applied; the exchange runs meanwhile. 0 applies it at once.
+        mix: alpha, where a fragment lands after ``delay`` steps: the worker keeps
+            ``mix * local + (1 - mix) * global`` (0: the global parameters replace the tau local
+            steps made meanwhile; the ranks are then identical again).
+    """
+
+    sync_every: int
+    lr: float = 0.7
+    momentum: float = 0.9
+    nesterov: bool = True
+    fragments: int = 1
+    delay: int = 0
+    mix: float = 0.0
+
+    def __post_init__(self):
+        def whole(name, v, lo):
+            if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+                raise ValueError(f"{name} must be an integer >= {lo}, got {v!r}")
+        whole("sync_every", self.sync_every, 1)
+        whole("fragments", self.fragments, 1)
+        whole("delay", self.delay, 0)
+        if self.fragments > self.sync_every:
+            raise ValueError(f"fragments={self.fragments} is more than sync_every={self.sync_every}: each "
+                             "fragment syncs at its own inner step of the interval; use fragments <= sync_every")
+        if self.delay >= self.sync_every:
+            raise ValueError(f"delay={self.delay} must be below sync_every={self.sync_every}: a fragment's "
+                             "average must land before its next sync starts")
+        if not self.lr > 0:
+            raise ValueError(f"the outer lr must be > 0, got {self.lr!r}")
+        if not 0 <= self.momentum < 1:
+            raise ValueError(f"the outer momentum must be in [0, 1), got {self.momentum!r}")
+        if self.nesterov and self.momentum == 0:
+            raise ValueError("nesterov=True needs momentum > 0 (as torch.optim.SGD); pass nesterov=False "
+                             "for plain outer SGD")
+        if not 0 <= self.mix < 1:
+            raise ValueError(f"mix must be in [0, 1) (the weight of the worker's own parameters), got {self.mix!r}")
+
+    def offset(self, fragment: int) -> int:
+        """The inner step of the interval (0..H-1) at which ``fragment`` syncs."""
+        return (fragment * self.sync_every // self.fragments) % self.sync_every
+
+    def describe(self) -> str:
+        """One line for the ranks-agree check and ``compression_stats()``."""
+        return (f"H={self.sync_every} lr={self.lr:g} momentum={self.momentum:g} nesterov={self.nesterov} "
+                f"K={self.fragments} tau={self.delay} mix={self.mix:g}")

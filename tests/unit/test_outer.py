@@ -1,0 +1,219 @@
+"""Outer steps (hvdp.outer) on P simulated workers, each in its own thread with its own engine,
+against a float64 numpy model of the algorithm fed the same per-rank data: H > 1, Nesterov,
+fragments with a delay and mixing; H = 1 with outer lr 1 and no momentum is plain data
+parallelism; every codec keeps the ranks bit-identical after each sync; a checkpoint taken
+mid-interval resumes to the uninterrupted run's bits."""
+import threading
+
+import numpy as np
+import pytest
+
+from hvdp import codecs
+from hvdp.ops import NumpyOps
+from hvdp.outer import OuterLoop, OuterSettings
+from hvdp.reduce.engine import Engine
+from hvdp.reduce.plan import CompressionPolicy
+from hvdp.reduce.settings import ReduceSettings
+from hvdp.reduce.simcomm import FakeGroup
+from test_engine import NumpyPlain, gather
+
+OPS = NumpyOps()
+P = 2
+SHAPES = [(12, 6), (6,), (6, 3), (3,)]
+INNER_LR = 0.05
+
+
+def data(p=P, n=16, seed=0):
+    """Each rank's inputs and targets of a two-layer linear regression (its own slice)."""
+    rng = np.random.default_rng(seed)
+    return [(rng.standard_normal((n, 12)), rng.standard_normal((n, 3))) for _ in range(p)]
+
+
+def init(seed=1):
+    rng = np.random.default_rng(seed)
+    return [(rng.standard_normal(s) * 0.3).astype(np.float32) for s in SHAPES]
+
+
+def grads(params, x, y):
+    """Gradients of 0.5 * mean ||relu-free two-layer(x) - y||^2, in the params' dtype."""
+    w1, b1, w2, b2 = (np.asarray(p, np.float64) for p in params)
+    h = x @ w1 + b1
+    out = h @ w2 + b2
+    d = (out - y) / len(x)
+    gw2, gb2 = h.T @ d, d.sum(0)
+    dh = d @ w2.T
+    gw1, gb1 = x.T @ dh, dh.sum(0)
+    return [g.astype(params[0].dtype) for g in (gw1, gb1, gw2, gb2)]
+
+
+def reference(settings, steps, start, ranks):
+    """The algorithm in float64: inner SGD per rank, exact averages, outer SGD (torch's rule)."""
+    H, K = settings.sync_every, settings.fragments
+    frags = [list(range(len(SHAPES)))] if K == 1 else [[0, 1], [2, 3]]
+    local = [[p.astype(np.float64) for p in start] for _ in ranks]
+    glob = [p.astype(np.float64) for p in start]
+    mom = [None] * len(SHAPES)
+    flight = {}  # fragment -> (lands at, averaged pseudo-gradient)
+    for s in range(1, steps + 1):
+        for r, (x, y) in enumerate(ranks):
+            local[r] = [p - INNER_LR * g for p, g in zip(local[r], grads(local[r], x, y))]
+        due = [f for f, (at, _) in flight.items() if at == s]
+        starts = [f for f in range(K) if s % H == settings.offset(f)]
+        for f in starts:
+            avg = [np.mean([glob[i] - local[r][i] for r in range(len(ranks))], axis=0) for i in frags[f]]
+            flight[f] = (s + settings.delay, avg)
+        for f in sorted(set(due) | {f for f in starts if settings.delay == 0}):
+            _, avg = flight.pop(f)
+            for i, g in zip(frags[f], avg):
+                d = g
+                if settings.momentum:
+                    mom[i] = g.copy() if mom[i] is None else settings.momentum * mom[i] + g
+                    d = g + settings.momentum * mom[i] if settings.nesterov else mom[i]
+                glob[i] = glob[i] - settings.lr * d
+                for r in range(len(ranks)):
+                    local[r][i] = settings.mix * local[r][i] + (1 - settings.mix) * glob[i]
+    return local
+
+
+def make_loop(settings, comm, codec, start, frags):
+    rs = ReduceSettings(codecs.get(codec), CompressionPolicy(min_elements=1), extra=(("outer", settings.describe()),))
+    engs = []
+    for f in frags:
+        e = Engine(rs, OPS, comm, NumpyPlain(comm, "average"), gather(comm))
+        e.set_layout([f"t{i}" for i in f], [SHAPES[i] for i in f], [True] * len(f))
+        engs.append(e)
+    return OuterLoop(settings, OPS, engs, frags, start)
+
+
+def run(settings, steps, codec="none", seed=0, stop_at=None, resume=None):
+    """Every rank trains ``steps`` inner steps (float32) with outer steps; -> each rank's final
+    parameters and, per rank, the parameters right after every sync. ``stop_at``: also return
+    every rank's loop state at that step; ``resume``: (step, states) to start from."""
+    ranks, start = data(seed=seed), init()
+    frags = [list(range(len(SHAPES)))] if settings.fragments == 1 else [[0, 1], [2, 3]]
+    group = FakeGroup(P, blocking=True)
+    finals, synced, saved, errors = [None] * P, [[] for _ in range(P)], [None] * P, []
+
+    def worker(r):
+        try:
+            params = [p.copy() for p in start]
+            loop = make_loop(settings, group.comms[r], codec, start, frags)
+            first = 1
+            if resume is not None:
+                first = resume[0] + 1
+                params = [p.copy() for p in resume[1][r]["params"]]
+                loop.load_state(resume[1][r]["loop"])
+            for s in range(first, steps + 1):
+                x, y = ranks[r]
+                params = [p - np.float32(INNER_LR) * g for p, g in zip(params, grads(params, x, y))]
+                landed = loop.after_step(params)
+                for i, v in landed:
+                    params[i] = v
+                if landed:  # what just landed (a fragment's tensors): the same on every rank
+                    synced[r].append((s, [params[i].copy() for i, _ in landed]))
+                if s == stop_at:
+                    saved[r] = {"params": [p.copy() for p in params], "loop": loop.state()}
+            finals[r] = params
+        except BaseException as e:  # noqa: BLE001 - reported by the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(r,)) for r in range(P)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    if errors:
+        raise errors[0]
+    return finals, synced, saved
+
+
+def assert_ranks_identical_after_syncs(synced):
+    assert synced[0], "no sync happened"
+    for (s0, p0), (s1, p1) in zip(synced[0], synced[1]):
+        assert s0 == s1
+        for a, b in zip(p0, p1):
+            assert np.array_equal(a, b), f"ranks differ after the sync at step {s0}"
+
+
+CASES = {
+    "diloco_h4": OuterSettings(sync_every=4),
+    "sgd_h3_no_nesterov": OuterSettings(sync_every=3, lr=0.5, momentum=0.5, nesterov=False),
+    "averaging_h5": OuterSettings(sync_every=5, lr=1.0, momentum=0.0, nesterov=False),
+    "streaming_k2_tau1": OuterSettings(sync_every=4, fragments=2, delay=1),
+    "streaming_k2_tau2_mix": OuterSettings(sync_every=6, fragments=2, delay=2, mix=0.5),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_outer_steps_match_the_float64_reference(case):
+    settings = CASES[case]
+    finals, synced, _ = run(settings, 24)
+    want = reference(settings, 24, init(), data())
+    for r in range(P):
+        for got, ref in zip(finals[r], want[r]):
+            np.testing.assert_allclose(got, ref, rtol=2e-5, atol=2e-6)
+    if settings.mix == 0:
+        assert_ranks_identical_after_syncs(synced)
+
+
+def test_h1_outer_lr1_without_momentum_is_data_parallelism():
+    """Each step: the average of the ranks' inner updates = one step on the averaged gradient."""
+    settings = OuterSettings(sync_every=1, lr=1.0, momentum=0.0, nesterov=False)
+    finals, synced, _ = run(settings, 20)
+    ranks, params = data(), init()
+    for _ in range(20):  # hvdp none's data parallelism, float32: the averaged gradient
+        g = [np.mean([grads(params, x, y)[i] for x, y in ranks], axis=0, dtype=np.float32) for i in range(4)]
+        params = [p - np.float32(INNER_LR) * gi for p, gi in zip(params, g)]
+    assert len(synced[0]) == 20
+    for got, want in zip(finals[0], params):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("codec", ["bf16", "int8", "int4"])
+def test_compressed_pseudo_gradients_keep_ranks_identical_and_near_the_reference(codec):
+    settings = OuterSettings(sync_every=4)
+    finals, synced, _ = run(settings, 24, codec=codec)
+    assert_ranks_identical_after_syncs(synced)
+    want = reference(settings, 24, init(), data())
+    exact, _, _ = run(settings, 24)
+    err = max(np.abs(g - w).max() for g, w in zip(finals[0], want[0]))
+    err_none = max(np.abs(g - w).max() for g, w in zip(exact[0], want[0]))
+    scale = max(np.abs(w).max() for w in want[0])
+    bound = {"bf16": 3e-3, "int8": 4e-3, "int4": 5e-2}[codec]  # relative to the largest parameter (seen: 6e-4, 9e-4, 1.6e-2)
+    assert err <= bound * scale, (codec, err, scale)
+    assert err > err_none, "the codec made no difference: was it applied?"
+
+
+def test_checkpoint_mid_interval_resumes_to_the_same_bits():
+    settings = OuterSettings(sync_every=4)
+    straight, _, saved = run(settings, 20, codec="int8", stop_at=10)
+    resumed, _, _ = run(settings, 20, codec="int8", resume=(10, saved))
+    for r in range(P):
+        for a, b in zip(straight[r], resumed[r]):
+            assert np.array_equal(a, b)
+
+
+def test_a_fragment_in_flight_cannot_be_saved_and_settings_must_match():
+    settings = OuterSettings(sync_every=4, fragments=2, delay=1)
+    _, _, saved = run(settings, 4, stop_at=3)  # fragment 0 syncs at 4, fragment 1 at 2: lands at 3
+    assert saved[0]["loop"]["step"] == 3
+    with pytest.raises(RuntimeError, match="in flight"):
+        run(settings, 8, stop_at=4)
+    other = OuterSettings(sync_every=8, fragments=2, delay=1)
+    with pytest.raises(ValueError, match="same sync_every"):
+        run(other, 8, resume=(3, saved))
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"sync_every": 0}, "sync_every must be an integer >= 1"),
+    ({"sync_every": 2.5}, "sync_every must be an integer"),
+    ({"sync_every": 2, "fragments": 3}, "fragments=3 is more than sync_every=2"),
+    ({"sync_every": 4, "delay": 4}, "delay=4 must be below sync_every=4"),
+    ({"sync_every": 4, "lr": 0}, "outer lr must be > 0"),
+    ({"sync_every": 4, "momentum": 1.0}, r"momentum must be in \[0, 1\)"),
+    ({"sync_every": 4, "momentum": 0.0}, "nesterov=True needs momentum > 0"),
+    ({"sync_every": 4, "mix": 1.0}, r"mix must be in \[0, 1\)"),
+])
+def test_settings_refuse_what_cannot_work(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        OuterSettings(**kwargs)
