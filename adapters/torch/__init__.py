@@ -30,6 +30,7 @@ from .mesh import ProcessMesh  # noqa: F401  (DP x TP x PP groups as process set
 from .mesh import hierarchical_process_sets  # noqa: F401  (hvdp.cluster.topology's static process sets)
 from .ops import TorchOps  # noqa: F401
 from .optimizer import DistributedOptimizer  # noqa: F401
+from .outer import OuterOptimizer  # noqa: F401  (outer steps every H inner steps: hvdp.outer)
 
 # hvdp's elastic module replaces horovod.torch.elastic (which the * import bound to this name,
 # so `from . import elastic` would silently return Horovod's)

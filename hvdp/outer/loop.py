@@ -30,6 +30,25 @@ from .settings import OuterSettings
 Array = Any
 
 
+def split(numels: Sequence[int], k: int) -> List[List[int]]:
+    """Tensor indices in ``k`` contiguous fragments of about equal elements (each non-empty).
+
+    Example::
+
+        split([100, 10, 100, 10], 2)      # [[0, 1], [2, 3]]
+    """
+    if not 1 <= k <= len(numels):
+        raise ValueError(f"fragments={k}: the model has {len(numels)} tensors to split; use 1..{len(numels)}")
+    total, out, acc = sum(numels), [[] for _ in range(k)], 0
+    for i, n in enumerate(numels):
+        f = min(k - 1, int(acc * k // max(total, 1)))
+        f = max(f, k - (len(numels) - i))  # leave one tensor for each later fragment
+        f = min(f, max((j for j in range(k) if out[j]), default=-1) + 1)  # no gap
+        out[f].append(i)
+        acc += n
+    return out
+
+
 class OuterLoop:
     """Outer steps over parameters split in fragments (see the module's docstring).
 

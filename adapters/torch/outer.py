@@ -1,0 +1,139 @@
+"""``hvd.OuterOptimizer``: outer steps on horovod.torch (``hvdp.outer``). The user's optimizer
+takes every inner step alone; every ``sync_every`` steps the pseudo-gradient goes through the
+engine and the outer SGD, and every worker continues from the global parameters.
+
+Example::
+
+    opt = hvd.OuterOptimizer(torch.optim.AdamW(model.parameters(), 1e-3),
+                             named_parameters=model.named_parameters(), sync_every=8,
+                             compression="int8", buffers=model.named_buffers())
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+"""
+import horovod.torch as _hvd
+import torch
+
+from hvdp.codecs.auto import Auto
+from hvdp.outer import OuterLoop, OuterSettings
+from hvdp.outer.loop import split
+from hvdp.reduce.engine import Engine
+from hvdp.reduce.settings import ReduceSettings, is_low_rank
+
+from .agreement import REPORTER, VERSIONS, allgather_fixed
+from .comm import TorchCollectives, next_instance
+from .compression import resolve
+from .layout import agreement_entries, named
+from .ops import TorchOps
+from .plain import TorchPlain
+
+_OPS = TorchOps()
+
+
+class _OuterOptimizer(torch.optim.Optimizer):
+    """The user's optimizer class with outer steps after its ``step`` (see the module's docstring)."""
+
+    def __init__(self, params, named_parameters, outer, codec, hvd_compressor, policy, buffers, process_set):
+        super(self.__class__, self).__init__(params)
+        self._outer_settings, self._process_set = outer, process_set
+        self._names = {id(p): k for k, p in named(self.param_groups, named_parameters)}
+        self._buffers = [(k, b) for k, b in (buffers or ()) if b.is_floating_point()]
+        self._params = [p for g in self.param_groups for p in g["params"]]
+        instance = next_instance(process_set)
+        rs = ReduceSettings.from_user(codec, hvd_compressor, policy, instance=instance,
+                                      extra=(("outer", outer.describe()),))
+        numels = [p.numel() for p in self._params]
+        self._fragments = split(numels, outer.fragments)
+        comm = TorchCollectives(process_set, scope=f"hvdp.outer{instance}.")
+        self.engines = []
+        entries = agreement_entries(self.param_groups, self._names)
+        for f, idx in enumerate(self._fragments):
+            eng = Engine(rs, _OPS, comm, TorchPlain(comm, rs.op, 1.0, hvd_compressor), allgather_fixed(process_set),
+                         versions=VERSIONS, per_bucket_auto=False)
+            ps = [self._params[i] for i in idx]
+            eng.set_layout([self._names.get(id(p), f"param.{i}") for i, p in zip(idx, ps)],
+                           [tuple(p.shape) for p in ps], [p.is_floating_point() for p in ps],
+                           tensors=entries if f == 0 else None, at_creation=True)
+            self.engines.append(eng)
+        self.outer = None  # made at the first step, from the parameters as broadcast by then
+        REPORTER.install()
+
+    def step(self, closure=None):
+        """The inner step (the user's optimizer, local), then the outer loop's syncs due now."""
+        if self.outer is None:
+            self.outer = OuterLoop(self._outer_settings, _OPS, self.engines, self._fragments,
+                                   [p.detach() for p in self._params])
+        loss = super(self.__class__, self).step(closure)
+        with torch.no_grad(), REPORTER.explaining():
+            landed = self.outer.after_step([p.detach() for p in self._params])
+            for i, value in landed:
+                self._params[i].copy_(value)
+            if landed and self._buffers and 0 in {self._fragment_of(i) for i, _ in landed}:
+                self._average_buffers()
+        return loss
+
+    def _fragment_of(self, i):
+        return next(f for f, idx in enumerate(self._fragments) if i in idx)
+
+    @torch.no_grad()
+    def _average_buffers(self):
+        """Batch-norm statistics and other float buffers: averaged with the first fragment."""
+        handles = [_hvd.allreduce_async(b, name=f"hvdp.outer.buf.{k}", op=_hvd.Average,
+                                        process_set=self._process_set) for k, b in self._buffers]
+        for (_, b), h in zip(self._buffers, handles):
+            b.copy_(_hvd.synchronize(h))
+
+    def compression_stats(self) -> dict:
+        """Each fragment's ``compression_stats()`` (per sync) and the bytes one worker sends per
+        inner step: every fragment's mean bytes per sync, divided by H."""
+        frags = [eng.summary() for eng in self.engines]
+        per_sync = sum(f["total"]["all"]["sent"] / max(f["steps"], 1) for f in frags)
+        fp32 = sum(f["total"]["all"]["fp32"] / max(f["steps"], 1) for f in frags)
+        h = self._outer_settings.sync_every
+        return {"outer": self._outer_settings.describe(), "fragments": frags,
+                "sent_per_inner_step": per_sync / h, "fp32_per_step_of_data_parallelism": fp32}
+
+    def state_dict(self):
+        state = super(self.__class__, self).state_dict()
+        if self.outer is not None:
+            state["hvdp_outer"] = self.outer.state()
+        return state
+
+    def load_state_dict(self, state_dict):
+        state_dict = dict(state_dict)
+        outer = state_dict.pop("hvdp_outer", None)
+        super(self.__class__, self).load_state_dict(state_dict)
+        if outer is not None:
+            self.outer = OuterLoop(self._outer_settings, _OPS, self.engines, self._fragments,
+                                   [p.detach() for p in self._params])
+            self.outer.load_state(outer)
+
+
+def OuterOptimizer(optimizer, named_parameters=None, sync_every=None, outer_lr=0.7, outer_momentum=0.9,
+                   nesterov=True, compression="none", fragments=1, delay=0, mix=0.0, policy=None,
+                   buffers=None, process_set=_hvd.global_process_set):
+    """Outer steps around ``optimizer`` (DiLoCo; local SGD with ``outer_lr=1, outer_momentum=0``).
+
+    Args:
+        optimizer: the inner optimizer (its state stays local to each worker).
+        named_parameters: ``model.named_parameters()``, as for ``hvd.DistributedOptimizer``.
+        sync_every: H, inner steps between syncs (required).
+        outer_lr, outer_momentum, nesterov: the outer SGD on the averaged pseudo-gradient.
+        compression: the pseudo-gradient's codec: "none", "fp16", "bf16", "int8", "int4", "topk"
+            (error feedback carried from one outer step to the next).
+        fragments, delay, mix: streaming (``hvdp.outer.OuterSettings``).
+        policy: an ``hvdp.CompressionPolicy`` (which tensors are compressed).
+        buffers: ``model.named_buffers()``: float buffers averaged at the first fragment's syncs.
+
+    Example::
+
+        opt = hvd.OuterOptimizer(opt, named_parameters=model.named_parameters(), sync_every=8)
+    """
+    if sync_every is None:
+        raise ValueError("hvd.OuterOptimizer needs sync_every=H, the inner steps between syncs (e.g. 8)")
+    outer = OuterSettings(sync_every, outer_lr, outer_momentum, nesterov, fragments, delay, mix)
+    codec, hvd_compressor = resolve(compression)
+    if codec is None or is_low_rank(codec) or isinstance(codec, Auto):
+        raise ValueError(f"hvd.OuterOptimizer reduces pseudo-gradients with hvdp's codecs: compression="
+                         f"{compression!r} is not one here; use 'none', 'fp16', 'bf16', 'int8', 'int4' or 'topk'")
+    cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_OuterOptimizer.__dict__))
+    return cls(optimizer.param_groups, named_parameters, outer, codec, hvd_compressor, policy,
+               list(buffers) if buffers is not None else None, process_set)

@@ -1,0 +1,24 @@
+"""hvd.OuterOptimizer (outer steps) under real ``horovodrun -np 2 -H localhost:2 --gloo``: one job
+runs every check and reports each by name (tests/parallel/workers/outer_torch.py)."""
+import functools
+import os
+
+import pytest
+
+from conftest import WORKERS, checks_passed, horovodrun
+
+pytestmark = pytest.mark.parallel
+
+CHECKS = ["data_parallelism", "ranks_identical_int8", "post_local_sgd", "checkpoint_mid_interval", "refusals"]
+
+
+@functools.lru_cache(maxsize=None)
+def run_job():
+    return horovodrun([os.path.join(WORKERS, "outer_torch.py")] + CHECKS, controller="gloo", timeout=300)
+
+
+@pytest.mark.parametrize("check", CHECKS)
+def test_outer_torch(check):
+    rc, out = run_job()
+    passed = checks_passed(out)
+    assert passed.get(check) == {"0", "1"}, f"check {check} not passed on both ranks (rc={rc}):\n{out[-4000:]}"

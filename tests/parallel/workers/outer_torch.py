@@ -1,0 +1,163 @@
+"""Checks of hvd.OuterOptimizer (outer steps, hvdp.outer) that need real workers. Each rank runs
+the named checks in order and prints 'CHECK <name> OK rank=<r>'; a failed check raises, which
+fails the horovodrun job."""
+import copy
+import io
+import socket
+import sys
+
+import torch
+
+import hvdp.torch as hvd
+
+STEPS = 20
+
+
+def model_and_data(seed=0, n=64):
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(20, 64), torch.nn.Tanh(), torch.nn.BatchNorm1d(64),
+                                torch.nn.Linear(64, 3))
+    g = torch.Generator().manual_seed(1234)
+    x = torch.randn(n, 20, generator=g)
+    y = torch.randint(0, 3, (n,), generator=g)
+    per = n // hvd.size()
+    sl = slice(hvd.rank() * per, (hvd.rank() + 1) * per)
+    return model, x[sl], y[sl]
+
+
+def batch(x, y, step, size=8):
+    i = (step * size) % len(x)
+    return x[i:i + size], y[i:i + size]
+
+
+def train(model, opt, x, y, steps, first=0, on_sync=None):
+    for s in range(first, steps):
+        bx, by = batch(x, y, s)
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(bx), by).backward()
+        opt.step()
+        if on_sync is not None and (s + 1) % on_sync[0] == 0:
+            on_sync[1](s + 1)
+
+
+def same_on_every_rank(model, step):
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    every = hvd.allgather_object(flat, name=f"outer.same.{step}")
+    assert all(torch.equal(every[0], f) for f in every), f"ranks differ after the sync at step {step}"
+
+
+def close(a, b, tol):
+    for (k, p), q in zip(a.named_parameters(), b.parameters()):
+        err = (p - q).abs().max().item()
+        assert err <= tol, f"{k}: max |diff| {err:.3g} > {tol}"
+
+
+def check_data_parallelism():
+    """H = 1, outer lr 1, no momentum: hvd.DistributedOptimizer(compression='none')'s training."""
+    model, x, y = model_and_data()
+    dp_model = copy.deepcopy(model)
+    opt = hvd.OuterOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters(),
+                             sync_every=1, outer_lr=1.0, outer_momentum=0.0, nesterov=False)
+    dp = hvd.DistributedOptimizer(torch.optim.SGD(dp_model.parameters(), lr=0.1),
+                                  named_parameters=dp_model.named_parameters())
+    train(model, opt, x, y, STEPS)
+    train(dp_model, dp, x, y, STEPS)
+    close(model, dp_model, 1e-5)
+    same_on_every_rank(model, "dp")
+
+
+def check_ranks_identical_int8():
+    """DiLoCo (H 4, Nesterov 0.7/0.9) with AdamW inside and int8 pseudo-gradients: every rank's
+    parameters are the same bits after every sync, and the job trains (its loss falls)."""
+    model, x, y = model_and_data()
+    opt = hvd.OuterOptimizer(torch.optim.AdamW(model.parameters(), lr=1e-2), named_parameters=model.named_parameters(),
+                             sync_every=4, compression="int8", buffers=model.named_buffers())
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    before = torch.nn.functional.cross_entropy(model.eval()(x), y).item()
+    model.train()
+    train(model, opt, x, y, STEPS, on_sync=(4, lambda s: same_on_every_rank(model, s)))
+    bn = [b for k, b in model.named_buffers() if k.endswith("running_mean")][0]
+    every = hvd.allgather_object(bn.clone(), name="outer.bn")
+    assert torch.equal(every[0], every[-1]), "batch-norm statistics not averaged at the sync"
+    after = torch.nn.functional.cross_entropy(model.eval()(x), y).item()
+    assert after < before, (before, after)
+    stats = opt.compression_stats()
+    per_step, fp32 = stats["sent_per_inner_step"], stats["fp32_per_step_of_data_parallelism"]
+    # a sync every 4th step; int8 for the 20x64 weight, float32 for the tensors under the policy's size
+    assert 0 < per_step * 4 < fp32 * 0.5, (per_step, fp32)
+    if hvd.rank() == 0:
+        print(f"outer int8 H=4: {per_step:.0f} B per inner step vs {fp32:.0f} B for float32 data parallelism")
+
+
+def check_post_local_sgd():
+    """Outer lr 1 without momentum against PyTorch's PostLocalSGDOptimizer + PeriodicModelAverager
+    (its averager at every 4th call: warmup_steps=3) on the same model and data."""
+    import torch.distributed as dist
+    from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
+    from torch.distributed.optim import PostLocalSGDOptimizer
+    port = None
+    if hvd.rank() == 0:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+    port = hvd.broadcast_object(port, 0, name="outer.port")
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=hvd.rank(), world_size=hvd.size())
+    try:
+        model, x, y = model_and_data()
+        theirs = copy.deepcopy(model)
+        opt = hvd.OuterOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
+                                 named_parameters=model.named_parameters(), sync_every=4, outer_lr=1.0,
+                                 outer_momentum=0.0, nesterov=False)
+        local = PostLocalSGDOptimizer(torch.optim.SGD(theirs.parameters(), lr=0.05, momentum=0.9),
+                                      PeriodicModelAverager(period=4, warmup_steps=3))
+        for s in range(STEPS):
+            for m, o in ((model, opt), (theirs, local)):
+                bx, by = batch(x, y, s)
+                o.zero_grad()
+                torch.nn.functional.cross_entropy(m(bx), by).backward()
+                o.step()
+        close(model, theirs, 1e-5)
+    finally:
+        dist.destroy_process_group()
+
+
+def check_checkpoint_mid_interval():
+    """A checkpoint at step 6 (H 4: inside the second interval), loaded into fresh objects,
+    trains on to the uninterrupted run's bits."""
+    def make():
+        model, x, y = model_and_data()
+        opt = hvd.OuterOptimizer(torch.optim.AdamW(model.parameters(), lr=1e-2),
+                                 named_parameters=model.named_parameters(), sync_every=4, compression="int8")
+        return model, opt, x, y
+    model, opt, x, y = make()
+    train(model, opt, x, y, 6)
+    buf = io.BytesIO()
+    torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, buf)
+    train(model, opt, x, y, 14, first=6)
+    model2, opt2, _, _ = make()
+    buf.seek(0)
+    saved = torch.load(buf, weights_only=False)
+    model2.load_state_dict(saved["model"])
+    opt2.load_state_dict(saved["opt"])
+    train(model2, opt2, x, y, 14, first=6)
+    for p, q in zip(model.parameters(), model2.parameters()):
+        assert torch.equal(p, q), "the resumed run differs from the uninterrupted one"
+
+
+def check_refusals():
+    model, _, _ = model_and_data()
+    for kwargs, text in (({}, "needs sync_every=H"), ({"sync_every": 4, "compression": "powersgd"}, "not one here"),
+                         ({"sync_every": 4, "delay": 4}, "must be below sync_every")):
+        try:
+            hvd.OuterOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), **kwargs)
+        except ValueError as e:
+            assert text in str(e), str(e)
+        else:
+            raise AssertionError(f"{kwargs} was accepted")
+
+
+if __name__ == "__main__":
+    hvd.init()
+    for name in sys.argv[1:]:
+        globals()[f"check_{name}"]()
+        print(f"CHECK {name} OK rank={hvd.rank()}", flush=True)
