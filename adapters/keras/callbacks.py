@@ -5,7 +5,7 @@ import numpy as np
 from .backend import BACKEND as B
 from .checkpoint import CheckpointWriter
 from .functions import broadcast_variables
-from .join import JoinCallback  # noqa: F401  (uneven shards in fit)
+from .join import JoinCallback, has_join_callback  # noqa: F401  (JoinCallback: uneven shards in fit)
 
 
 def _set_lr(optimizer, lr):
@@ -72,7 +72,7 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
 def _check_steps_agree(model, params):
     """Ranks with different numbers of steps per epoch would pair up different steps and hang
     at the end: the same clear error on every rank instead (unless JoinCallback handles it)."""
-    if B.hvd.size() <= 1 or getattr(model, "_hvdp_join_callback", False):
+    if B.hvd.size() <= 1 or has_join_callback(model):
         return
     steps = (params or {}).get("steps")
     mine = np.array([-1 if steps is None else int(steps)], np.int64)

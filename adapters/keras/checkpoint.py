@@ -22,12 +22,13 @@ import numpy as np
 from hvdp.checkpoint import atomic_save
 
 from .backend import BACKEND as B
+from .state import state_of
 
 _META, _DATA = "hvdp/residuals.json", "hvdp/residuals.npz"
 
 
 def _reducer(model):
-    return getattr(getattr(model, "optimizer", None), "_hvdp", None)
+    return state_of(getattr(model, "optimizer", None))
 
 
 def gather_residuals(model):

@@ -14,6 +14,7 @@ from hvdp.cluster.elastic import ElasticOrder
 from .backend import BACKEND as B
 from .elastic_callbacks import CommitStateCallback, UpdateBatchStateCallback, UpdateEpochStateCallback  # noqa: F401
 from .functions import broadcast_variables
+from .state import state_of
 
 _hvd = B.hvd
 
@@ -64,7 +65,7 @@ class KerasState(ObjectState):
         return list(self.model.variables) + opt_vars
 
     def _reducer(self):
-        return getattr(self.optimizer, "_hvdp", None)
+        return state_of(self.optimizer)
 
     def _snapshot(self):
         red = self._reducer()

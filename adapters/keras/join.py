@@ -9,6 +9,7 @@ from hvdp.reduce.join import CONTROL_NAME, JoinRefused, Registry
 
 from .backend import BACKEND as B
 from .functions import broadcast_variables
+from .state import state_of
 
 OPTIMIZERS = Registry()  # every hvdp.keras DistributedOptimizer, in creation order
 # DistributedGradientTape (TF): one reducer per (arguments, sources), kept across traces
@@ -24,7 +25,7 @@ def joined_cond(comm, all_active, some_joined):
 
 def _refuse_unless_ready():
     # a tape has no join control: its two-phase buckets refuse
-    reducers = ([(opt._hvdp, None) for opt in OPTIMIZERS.alive()]
+    reducers = ([(state_of(opt), None) for opt in OPTIMIZERS.alive()]
                 + [(red, "tape") for red in TAPE_REDUCERS.values()])
     for red, tape in reducers:
         why = red.engine.join_refusal("keras", tape)
@@ -61,7 +62,7 @@ def join(extra_variables=(), optimizers=None) -> int:
         optimizers = OPTIMIZERS.alive()
     seen, variables = set(), []
     for opt in optimizers:
-        if opt._hvdp.engine.comm.process_set.process_set_id != 0 or not opt.built:
+        if state_of(opt).engine.comm.process_set.process_set_id != 0 or not opt.built:
             continue  # Horovod's join is global
         for v in list(getattr(opt, "_trainable_variables", [])) + list(opt.variables) + list(extra_variables):
             if id(v) not in seen:
@@ -70,6 +71,11 @@ def join(extra_variables=(), optimizers=None) -> int:
     if variables and B.hvd.size() > 1:
         broadcast_variables(variables, root_rank=last)
     return last
+
+
+def has_join_callback(model) -> bool:
+    """Was a :class:`JoinCallback` given this model (``fit`` may then run uneven steps)?"""
+    return getattr(model, "_hvdp_join_callback", False)
 
 
 class JoinCallback(keras.callbacks.Callback):
@@ -95,7 +101,7 @@ class JoinCallback(keras.callbacks.Callback):
         model._hvdp_join_callback = True  # BroadcastGlobalVariablesCallback then allows uneven steps
 
     def on_train_begin(self, logs=None):
-        red = getattr(self.model.optimizer, "_hvdp", None)
+        red = state_of(self.model.optimizer)
         if red is None:
             raise ValueError("hvd.callbacks.JoinCallback needs the model compiled with an hvdp.keras "
                              "DistributedOptimizer")

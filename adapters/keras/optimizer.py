@@ -16,101 +16,114 @@ from .backend import BACKEND as B
 from .compression import resolve
 from .join import OPTIMIZERS
 from .localvars import LocalVariables, check_arguments, group_names
-from .reducer import GradientReducer
+from .reducer import GradientReducer, OptimizerReducer
+from .state import attach, state_of
 from .xla import install_auto_jit_veto
-
-_hvd = B.hvd
 
 
 class _Distributed:
-    """Methods copied into the dynamic subclass (``super(self.__class__, self)`` is the user's class)."""
+    """Methods copied into the dynamic subclass (``super(self.__class__, self)`` is the user's class).
+    Their state is one :class:`~hvdp.keras.reducer.OptimizerReducer`, ``state_of(self)``."""
 
     def build(self, variables):
         super(self.__class__, self).build(variables)
-        if getattr(self, "_hvdp_outer", None) is not None:
+        red = state_of(self)
+        if red.reduced_elsewhere(self):
             return  # wrapped later by a LossScaleOptimizer, which reduces (see _late_loss_scale)
-        self._hvdp.build(self._hvdp.local.shared(variables))
-        k = self._hvdp_k
-        if k > 1 and not self._hvdp_acc:
-            self._hvdp_acc = [B.Buffer(v.shape) for v in variables]
-            self._hvdp_count = B.Buffer((), "int64")
+        red.build(red.local.shared(variables))
+        if red.backward_passes > 1 and not red.accumulators:
+            red.accumulators = [B.Buffer(v.shape) for v in variables]
+            red.count = B.Buffer((), "int64")
 
     def apply(self, grads, trainable_variables=None):
-        if getattr(self, "_hvdp_outer", None) is not None:  # its LossScaleOptimizer reduced already
+        red = state_of(self)
+        if red.reduced_elsewhere(self):  # its LossScaleOptimizer reduced already
             return super(self.__class__, self).apply(grads, trainable_variables)
         if trainable_variables is None:
             trainable_variables = self._trainable_variables
         grads, variables = list(grads), list(trainable_variables)
         B.refuse_xla()
-        shared = self._hvdp.local.shared(variables)
+        shared = red.local.shared(variables)
         if not self.built:
             self.build(variables)
-        elif self._hvdp.plan is None:
-            self._hvdp.build(shared)
-        elif not self._hvdp.matches(shared):  # Keras itself takes any subset of what it was built on
+        elif red.plan is None:
+            red.build(shared)
+        elif not red.matches(shared):  # Keras itself takes any subset of what it was built on
             self._hvdp_replan(variables)  # (or a variable was registered as local since)
         parent = super(self.__class__, self)
-        if self._hvdp_k == 1:
+        k = red.backward_passes
+        if k == 1:
             return parent.apply(self._hvdp_reduce(grads, variables), variables)
-        for a, g in zip(self._hvdp_acc, grads):
+        for a, g in zip(red.accumulators, grads):
             if g is not None:
                 a.add(B.dense(g))
-        self._hvdp_count.add(1)
+        red.count.add(1)
 
         def update():
-            scale = 1.0 / self._hvdp_k if self._hvdp_avg_agg else 1.0
-            acc = [keras.ops.cast(a.read() * scale, v.dtype) for a, v in zip(self._hvdp_acc, variables)]
+            scale = 1.0 / k if red.average_aggregated else 1.0
+            acc = [keras.ops.cast(a.read() * scale, v.dtype) for a, v in zip(red.accumulators, variables)]
             parent.apply(self._hvdp_reduce(acc, variables), variables)
-            for a in self._hvdp_acc:
+            for a in red.accumulators:
                 a.reset()
             return keras.ops.convert_to_tensor(0)
 
-        keras.ops.cond(self._hvdp_count.read() % self._hvdp_k == 0, update,
+        keras.ops.cond(red.count.read() % k == 0, update,
                        lambda: keras.ops.convert_to_tensor(0))
 
     def _hvdp_reduce(self, grads, variables):
-        return self._hvdp.local.reduce(lambda gs: self._hvdp.reduce(gs, self.iterations), grads, variables,
-                                       self._hvdp.engine.comm.size)
+        red = state_of(self)
+        return red.local.reduce(lambda gs: red.reduce(gs, self.iterations), grads, variables,
+                                red.engine.comm.size)
 
     def register_local_var(self, var):
         """Horovod's: ``var`` is worker-local; its gradient is not reduced (each worker applies its
         own, divided by the number of workers unless ``scale_local_gradients=False``)."""
-        self._hvdp.local.add(var)
+        state_of(self).local.add(var)
 
     def _hvdp_replan(self, variables):
-        self._hvdp.replan(self._hvdp.local.shared(variables))
-        if self._hvdp_k > 1:  # accumulators follow the new variables; a cycle in progress restarts
+        red = state_of(self)
+        red.replan(red.local.shared(variables))
+        if red.backward_passes > 1:  # accumulators follow the new variables; a cycle in progress restarts
             with B.init_scope():
-                self._hvdp_acc = [B.Buffer(v.shape) for v in variables]
-                self._hvdp_count.reset()
+                red.accumulators = [B.Buffer(v.shape) for v in variables]
+                red.count.reset()
 
     def compression_stats(self):
         """Bytes handed to collectives per update step by codec, vs a float32 ring allreduce
         (the same keys as hvdp.torch's); with compression="auto" also ``"auto"``."""
         # steps: the reductions run, which count a traced step's record (see hvdp.reduce.engine)
-        return self._hvdp.engine.summary(steps=int(keras.ops.convert_to_numpy(self.iterations)))
+        return state_of(self).engine.summary(steps=int(keras.ops.convert_to_numpy(self.iterations)))
 
 
-def make_reducer(compression, policy, op, gradient_predivide_factor, sparse_as_dense, process_set, prefix,
-                 backward_passes_per_step=1, uneven_inputs=None, extra=(), hierarchical=False):
-    """The settings checked and frozen, and the reducer that drives the engine with them."""
+def user_settings(compression, policy, op, gradient_predivide_factor, sparse_as_dense, backward_passes_per_step=1,
+                  uneven_inputs=None, extra=(), hierarchical=False):
+    """The user's arguments checked and frozen: ``(ReduceSettings, Horovod compressor or None)``."""
     codec, hvd_compressor = resolve(compression)
     if is_low_rank(codec) and not hasattr(B.ops, "orthonormalize"):
         raise ValueError(f"compression={codec.name!r} needs matrix products, which hvdp.keras's {B.name} array "
                          "ops do not provide: use hvdp.torch, or compression='int8', 'bf16' or 'auto'")
-    if op not in (_hvd.Average, _hvd.Sum):
+    if op not in (B.hvd.Average, B.hvd.Sum):
         raise ValueError("hvdp.keras supports op=hvd.Average or hvd.Sum")
-    settings = ReduceSettings.from_user(codec, hvd_compressor, policy, op_sum=op == _hvd.Sum,
+    settings = ReduceSettings.from_user(codec, hvd_compressor, policy, op_sum=op == B.hvd.Sum,
                                         predivide=gradient_predivide_factor,
                                         backward_passes=backward_passes_per_step, sparse_as_dense=sparse_as_dense,
                                         uneven_inputs=uneven_inputs, hierarchical=hierarchical, extra=tuple(extra))
+    return settings, hvd_compressor
+
+
+def make_reducer(compression, policy, op, gradient_predivide_factor, sparse_as_dense, process_set, prefix,
+                 backward_passes_per_step=1, uneven_inputs=None, extra=(), hierarchical=False):
+    """The settings checked and frozen, and the reducer that drives the engine with them (a
+    gradient tape's: no groups, no local variables)."""
+    settings, hvd_compressor = user_settings(compression, policy, op, gradient_predivide_factor, sparse_as_dense,
+                                             backward_passes_per_step, uneven_inputs, extra, hierarchical)
     return GradientReducer(settings, hvd_compressor, process_set, prefix)
 
 
 def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="", compression="none",
-                         sparse_as_dense=False, gradient_predivide_factor=1.0, op=_hvd.Average,
+                         sparse_as_dense=False, gradient_predivide_factor=1.0, op=B.hvd.Average,
                          backward_passes_per_step=1, average_aggregated_gradients=False, num_groups=0,
-                         groups=None, process_set=_hvd.global_process_set, scale_local_gradients=True,
+                         groups=None, process_set=B.hvd.global_process_set, scale_local_gradients=True,
                          policy=None, uneven_inputs=None, hierarchical=False):
     """Make a Keras 3 optimizer average gradients across workers before each update.
 
@@ -142,24 +155,26 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         raise TypeError(f"hvdp.keras.DistributedOptimizer wraps a Keras 3 optimizer, got "
                         f"{type(optimizer).__name__}; for tf.keras 2 use horovod.tensorflow.keras")
-    if getattr(optimizer, "_hvdp", None) is not None:
+    if state_of(optimizer) is not None:
         raise ValueError("this optimizer is already distributed")
     if (keras.mixed_precision.global_policy().name == "mixed_float16"
             and not isinstance(optimizer, keras.optimizers.LossScaleOptimizer)):
         optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
     groups = check_arguments(device_dense, device_sparse, num_groups, groups)
-    reducer = make_reducer(compression, policy, op, gradient_predivide_factor, sparse_as_dense,
-                           process_set, "hvdp_residual", backward_passes_per_step, uneven_inputs,
-                           extra=(("average_aggregated_gradients", bool(average_aggregated_gradients)),),
-                           hierarchical=hierarchical)
-    reducer.groups = (lambda variables, names: group_names(groups, variables, names)) if groups else None
-    reducer.local = LocalVariables(scale_local_gradients)  # shared with a LossScaleOptimizer made later
+    settings, hvd_compressor = user_settings(
+        compression, policy, op, gradient_predivide_factor, sparse_as_dense, backward_passes_per_step, uneven_inputs,
+        extra=(("average_aggregated_gradients", bool(average_aggregated_gradients)),), hierarchical=hierarchical)
+    reducer = OptimizerReducer(
+        settings, hvd_compressor, process_set, "hvdp_residual",
+        groups=(lambda variables, names: group_names(groups, variables, names)) if groups else None,
+        local=LocalVariables(scale_local_gradients),  # shared with a LossScaleOptimizer made later
+        backward_passes=backward_passes_per_step, average_aggregated=average_aggregated_gradients)
     REPORTER.install()  # needs the rank, so after hvd.init
     install_auto_jit_veto()  # compile(jit_compile="auto") on a GPU node: no XLA for this model
-    return _distribute(optimizer, reducer, backward_passes_per_step, average_aggregated_gradients)
+    return _distribute(optimizer, reducer)
 
 
-def _distribute(optimizer, reducer, backward_passes_per_step, average_aggregated_gradients):
+def _distribute(optimizer, reducer):
     """Make ``optimizer`` (the object itself) an instance of a distributed subclass of its class."""
     base = optimizer.__class__
     methods = {k: v for k, v in _Distributed.__dict__.items() if k not in ("__dict__", "__weakref__")}
@@ -170,10 +185,7 @@ def _distribute(optimizer, reducer, backward_passes_per_step, average_aggregated
                                             __qualname__=base.__qualname__))
     _serialise_as(cls, base)
     optimizer.__class__ = cls  # keep the object: its variables, config and tracking stay valid
-    optimizer._hvdp = reducer
-    optimizer._hvdp_k = backward_passes_per_step
-    optimizer._hvdp_avg_agg = average_aggregated_gradients
-    optimizer._hvdp_acc = []
+    attach(optimizer, reducer)
     OPTIMIZERS.add(optimizer)
     if optimizer.built:
         optimizer.build(optimizer._trainable_variables)
@@ -203,17 +215,17 @@ def _late_loss_scale():
     the inner optimizer stops reducing: the order is then the policy-first one (reduce, then
     the finite check on the reduced gradients, the same on every rank)."""
     cls = keras.optimizers.LossScaleOptimizer
-    if getattr(cls.__init__, "_hvdp", False):
+    if getattr(cls.__init__, "_hvdp_late_loss_scale", False):
         return
     plain_init = cls.__init__
 
     def __init__(self, inner_optimizer, *args, **kwargs):
         plain_init(self, inner_optimizer, *args, **kwargs)
-        reducer = getattr(inner_optimizer, "_hvdp", None)
-        if reducer is not None and getattr(self, "_hvdp", None) is None:
-            inner_optimizer._hvdp_outer = self
-            _distribute(self, reducer, inner_optimizer._hvdp_k, inner_optimizer._hvdp_avg_agg)
-    __init__._hvdp = True
+        state = state_of(inner_optimizer)
+        if state is not None and state_of(self) is None:
+            state.hand_over(self)
+            _distribute(self, state)
+    __init__._hvdp_late_loss_scale = True
     cls.__init__ = __init__
 
 

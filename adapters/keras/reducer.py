@@ -23,7 +23,12 @@ class GradientReducer:
         grads = red.reduce(grads, optimizer.iterations)
     """
 
-    def __init__(self, settings, hvd_compressor, process_set, prefix):
+    __slots__ = ("engine", "groups", "local", "variables")
+
+    def __init__(self, settings, hvd_compressor, process_set, prefix, groups=None, local=None):
+        """``groups``: Horovod's ``groups=`` of the optimizer as ``(variables, names) -> name tuples``
+        (None: no groups); ``local``: the optimizer's ``register_local_var`` variables, a
+        :class:`LocalVariables` (None: none, as on a tape)."""
         comm = B.Collectives(process_set)
         self.engine = Engine(settings, B.ops, comm,
                              KerasPlain(comm, settings.op, settings.predivide, settings.sparse_as_dense,
@@ -33,9 +38,11 @@ class GradientReducer:
                              per_bucket_auto=B.eager_steps, eager_scope=B.init_scope, tracing=B.tracing,
                              tensor_word="variable",
                              levels=(lambda: levels(process_set)) if settings.hierarchical else None)
-        self.variables = None
-        self.groups = None  # Horovod's groups= of the optimizer: (variables, names) -> name tuples
-        self.local = LocalVariables(True)  # the optimizer's register_local_var (none: a tape)
+        # settings
+        self.groups = groups
+        self.local = local if local is not None else LocalVariables(True)
+        # internal state
+        self.variables = None  # what the engine's layout was made for (None: not built yet)
 
     @property
     def plan(self):
@@ -101,3 +108,42 @@ class GradientReducer:
         if not (eng.settings.uneven_inputs and eng.uses_two_phase):
             return eng.reduce(grads, True)
         return joined_cond(eng.comm, lambda: eng.reduce(grads, True), lambda: eng.reduce(grads, True, joined=True))
+
+
+class OptimizerReducer(GradientReducer):
+    """A distributed Keras optimizer's one state object: its reducer, plus what the optimizer's
+    ``apply`` keeps beside it (``hvdp.keras.state.state_of(optimizer)`` returns it).
+
+    One object serves the optimizer and a ``LossScaleOptimizer`` that Keras wraps around it later
+    (``optimizer._late_loss_scale``): ``outer`` then names the optimizer that reduces, and the
+    others apply what it hands them.
+
+    Example::
+
+        red = state_of(opt)
+        red.backward_passes, red.engine.summary()
+    """
+
+    __slots__ = ("backward_passes", "average_aggregated", "accumulators", "count", "outer")
+
+    def __init__(self, settings, hvd_compressor, process_set, prefix, groups=None, local=None,
+                 backward_passes=1, average_aggregated=False):
+        super().__init__(settings, hvd_compressor, process_set, prefix, groups, local)
+        # settings
+        self.backward_passes = backward_passes  # Horovod's backward_passes_per_step (k)
+        self.average_aggregated = average_aggregated  # k batches' sum divided by k
+        # internal state
+        self.accumulators = []  # k > 1: one B.Buffer per variable, made at build
+        self.count = None  # k > 1: a B.Buffer of the batches accumulated, made at build
+        self.outer = None  # the LossScaleOptimizer that reduces in place of the optimizer inside it
+
+    def reduced_elsewhere(self, optimizer) -> bool:
+        """Does a ``LossScaleOptimizer`` around ``optimizer`` reduce in its place?"""
+        return self.outer is not None and self.outer is not optimizer
+
+    def hand_over(self, outer):
+        """``outer`` (a LossScaleOptimizer wrapped around this reducer's optimizer) reduces from
+        now on; it starts its own accumulation (its build makes new accumulators)."""
+        self.outer = outer
+        self.accumulators = []
+        self.count = None

@@ -11,6 +11,7 @@ import keras
 
 from .checkpoint import read_residuals, restore_residuals
 from .optimizer import DistributedOptimizer
+from .state import state_of
 
 
 def load_model(filepath, custom_optimizers=None, custom_objects=None, compression="none", legacy_opts=False,
@@ -62,7 +63,7 @@ def load_checkpoint(path, model=None, **load_model_kwargs):
         model = load_model(path, **load_model_kwargs)
     else:
         opt = getattr(model, "optimizer", None)
-        if getattr(opt, "_hvdp", None) is None:
+        if state_of(opt) is None:
             raise ValueError("hvd.load_checkpoint(path, model): compile the model with an "
                              "hvd.DistributedOptimizer first, or pass no model to load it from the file")
         if not opt.built:

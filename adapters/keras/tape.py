@@ -2,8 +2,10 @@
 loops call ``loss.backward()`` and ``DistributedOptimizer.apply``)."""
 import tensorflow as tf
 
+from .backend import BACKEND as B
 from .join import TAPE_REDUCERS
-from .optimizer import _hvd, make_reducer
+from .optimizer import make_reducer
+from .state import attach
 from .xla import refuse_xla
 
 
@@ -18,12 +20,12 @@ class DistributedGradientTape(tf.GradientTape):
         opt.apply(tape.gradient(loss, model.trainable_variables), model.trainable_variables)
     """
 
-    def __init__(self, gradtape, compression="none", op=_hvd.Average, gradient_predivide_factor=1.0,
-                 sparse_as_dense=False, process_set=_hvd.global_process_set, policy=None):
+    def __init__(self, gradtape, compression="none", op=B.hvd.Average, gradient_predivide_factor=1.0,
+                 sparse_as_dense=False, process_set=B.hvd.global_process_set, policy=None):
         super().__init__(persistent=gradtape._persistent)
         self._tape = gradtape._tape  # take over the recording (as Horovod's tape does)
         self._hvdp_args = (compression, policy, op, gradient_predivide_factor, sparse_as_dense, process_set)
-        self._hvdp = None
+        attach(self, None)  # state_of(tape): the reducer of the last gradient call
 
     def gradient(self, target, sources, output_gradients=None, **kwargs):
         refuse_xla("DistributedGradientTape.gradient is", "use tf.function(jit_compile=False) for the "
@@ -38,6 +40,7 @@ class DistributedGradientTape(tf.GradientTape):
             TAPE_REDUCERS[key] = make_reducer(*self._hvdp_args, f"hvdp_tape_residual_{len(TAPE_REDUCERS)}",
                                               uneven_inputs=False)
             TAPE_REDUCERS[key].build(flat)
-        self._hvdp = TAPE_REDUCERS[key]
-        return tf.nest.pack_sequence_as(grads, self._hvdp.reduce(tf.nest.flatten(grads)))
+        red = TAPE_REDUCERS[key]
+        attach(self, red)
+        return tf.nest.pack_sequence_as(grads, red.reduce(tf.nest.flatten(grads)))
 

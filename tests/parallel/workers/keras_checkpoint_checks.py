@@ -8,6 +8,7 @@ import keras
 import numpy as np
 
 import hvdp.keras as hvd
+from hvdp.keras.state import state_of
 from keras_checks import LOSS, allgathered, assert_ranks_identical, data, make_model, shard, tensor
 
 def check_checkpoint_callback():
@@ -52,7 +53,7 @@ def check_resume():
     model.compile(optimizer=opt, loss=LOSS)
     model.fit(xs, ys, batch_size=8, epochs=2, shuffle=False, verbose=0,
               callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), hvd.callbacks.ModelCheckpoint(path)])
-    saved = opt._hvdp.residual_state()
+    saved = state_of(opt).residual_state()
     assert any(np.abs(v).max() > 0 for v in saved["worker"].values()), "no residual to keep"
     # the ranks' residuals differ (per-worker state): each must get its own back
     mine = np.concatenate([saved["worker"][k] for k in sorted(saved["worker"])])
@@ -70,7 +71,7 @@ def check_resume():
                                                              compression="int8", policy=policy), loss=LOSS)
             resumed, extra = hvd.load_checkpoint(os.path.join(folder, "pair.keras"), fresh)
             assert extra == {"epoch": 2}, extra
-        got = resumed.optimizer._hvdp.residual_state()
+        got = state_of(resumed.optimizer).residual_state()
         for side in ("worker", "server"):
             for k, v in saved[side].items():
                 np.testing.assert_array_equal(got[side][k], v)
@@ -80,7 +81,7 @@ def check_resume():
         assert_ranks_identical(resumed, f"krs.{how}")
     # the same resume with the residuals zeroed does not give the same step: they matter
     zeroed = hvd.load_model(path, compression="int8", policy=policy)
-    zeroed.optimizer._hvdp.load_residual_state({})
+    state_of(zeroed.optimizer).load_residual_state({})
     assert not all(np.array_equal(a, b) for a, b in zip(_one_more_step(zeroed, xs, ys), uninterrupted))
 
 
@@ -106,7 +107,7 @@ def check_save_for_other_size():
     model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9), compression="int8",
                                                      policy=hvd.CompressionPolicy(**OTHER_SIZE_POLICY)), loss=LOSS)
     model.fit(xs, ys, batch_size=8, epochs=1, shuffle=False, verbose=0)
-    worker = model.optimizer._hvdp.residual_state()["worker"]
+    worker = state_of(model.optimizer).residual_state()["worker"]
     assert len(worker) == 6 and all(np.any(v) for v in worker.values()), "no residuals to keep"
     hvd.save_checkpoint(os.path.join(folder, "other_size.keras"), model, epoch=1)
 
@@ -124,7 +125,7 @@ def check_resume_other_size():
     assert len(per_rank) == 2 and hvd.size() != 2, (len(per_rank), hvd.size())
     assert any(not np.array_equal(per_rank[0]["worker"][k], per_rank[1]["worker"][k]) for k in per_rank[0]["worker"])
     model = hvd.load_model(path, compression="int8", policy=hvd.CompressionPolicy(**OTHER_SIZE_POLICY))
-    red, r = model.optimizer._hvdp, hvd.rank()
+    red, r = state_of(model.optimizer), hvd.rank()
     got = red.residual_state()
     mine = per_rank[r]["worker"] if r < len(per_rank) else {}
     kept = []

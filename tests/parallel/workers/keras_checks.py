@@ -6,6 +6,7 @@ import keras
 import numpy as np
 
 import hvdp.keras as hvd
+from hvdp.keras.state import state_of
 
 TF = keras.backend.backend() == "tensorflow"
 if TF:
@@ -169,13 +170,13 @@ def check_codecs():
                     red = tf.function(traced)(tf.constant(xs), tf.constant(ys))
                 else:
                     red, holder["tape"] = reduced(xs, ys)
-                plan = holder["tape"]._hvdp.plan
+                plan = state_of(holder["tape"]).plan
             else:  # the torch backend: the optimizer's reducer on the local gradients
                 opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.1), compression=name,
                                                policy=hvd.CompressionPolicy(min_elements=1))
                 opt.build(variables)
-                red = opt._hvdp.reduce([tensor(g.copy()) for g in local])
-                plan = opt._hvdp.plan
+                red = state_of(opt).reduce([tensor(g.copy()) for g in local])
+                plan = state_of(opt).plan
             everyone = [allgathered(g.reshape(-1), f"kc.{name}.{graph}.{i}") for i, g in enumerate(local)]
             per_rank = [[e[r] for e in everyone] for r in range(hvd.size())]
             got = [keras.ops.convert_to_numpy(g).reshape(-1) for g in red]
@@ -201,9 +202,9 @@ def check_powersgd(rank=2):
     local = [g.reshape(-1) for g in local_gradients(model, xs, ys)]
     opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.1), compression=codec, policy=policy)
     opt.build(variables)
-    red = [keras.ops.convert_to_numpy(g).reshape(-1) for g in opt._hvdp.reduce([tensor(g.copy()) for g in local])]
+    red = [keras.ops.convert_to_numpy(g).reshape(-1) for g in state_of(opt).reduce([tensor(g.copy()) for g in local])]
     worst, compressed = 0.0, 0
-    for b, idx in enumerate(opt._hvdp.plan.buckets):
+    for b, idx in enumerate(state_of(opt).plan.buckets):
         everyone = allgathered(np.concatenate([local[i] for i in idx]), f"kpsgd.{b}")
         shapes = [tuple(variables[i].shape) for i in idx]
         dims = [codec.matrix(s)[1:] for s in shapes if codec.matrix(s)]
@@ -222,7 +223,7 @@ def check_powersgd(rank=2):
     assert_ranks_identical(model, "powersgd")
     loss = float(keras.ops.convert_to_numpy(LOSS(tensor(ys), model(tensor(xs)))))
     assert loss < loss0, (loss, loss0)
-    state = model.optimizer._hvdp.residual_state()
+    state = state_of(model.optimizer).residual_state()
     assert state["worker"] and state["server"] and any(np.any(v) for v in state["server"].values()), state
     print(f"  powersgd rank {rank} ({keras.backend.backend()}): max rel err vs reference {worst:.3g}, "
           f"loss {loss0:.4f} -> {loss:.4f}", flush=True)

@@ -8,6 +8,7 @@ import numpy as np
 import tensorflow as tf
 
 import hvdp.keras as hvd
+from hvdp.keras.state import state_of
 from horovod.tensorflow.compression import Compressor
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -37,7 +38,7 @@ def check_save_load():
     for a, b in zip(got, saved):
         np.testing.assert_array_equal(a, b)
     loaded = hvd.load_model(path)  # distributed again: trains on as the original does
-    assert getattr(loaded.optimizer, "_hvdp", None) is not None
+    assert state_of(loaded.optimizer) is not None
     for m in (model, loaded):
         m.fit(xs, ys, batch_size=8, epochs=1, shuffle=False, verbose=0)
     for a, b in zip(loaded.get_weights(), model.get_weights()):
@@ -134,7 +135,7 @@ def check_refreeze(passes=1):
                   callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
 
     def planned():
-        return sum(opt._hvdp.engine.numels[i] for idx in opt._hvdp.plan.buckets for i in idx)
+        return sum(state_of(opt).engine.numels[i] for idx in state_of(opt).plan.buckets for i in idx)
 
     fit()
     everything = sum(int(np.prod(w.shape)) for w in model.trainable_weights)
@@ -173,7 +174,7 @@ def check_local_vars():
         opt.register_local_var(vl)
         for _ in range(passes):
             opt.apply([tf.constant(gs), tf.constant(gl)], [vs, vl])
-        assert vl.path not in opt._hvdp.engine.names, opt._hvdp.engine.names
+        assert vl.path not in state_of(opt).engine.names, state_of(opt).engine.names
         np.testing.assert_allclose(-vs.numpy(), passes * mean_s, rtol=1e-6, atol=1e-6)
         np.testing.assert_allclose(-vl.numpy(), passes * gl / (p if scale else 1), rtol=1e-6, atol=1e-6)
     # in fit, on different data per rank: the local bias differs between ranks, the rest is identical
