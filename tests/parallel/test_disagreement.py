@@ -169,7 +169,7 @@ def test_keras_tf_stall_watchdog_names_the_rank_that_did_not_arrive():
     # on rank 0 its own watchdog's, on rank 1 (back while rank 0 lingers) the board's report of it
     assert re.search(r"\[(1,)?0\]<stderr>:" + re.escape(cause), out), out[-4000:]
     assert re.search(r"\[(1,)?1\]<stderr>:hvdp: rank 0 \(host \S+\) failed first, in hvdp's stall watchdog", out)
-    assert re.search(r"\[(1,)?1\]<stderr>:\s+hvdp\.watchdog\." + re.escape(cause), out), out[-4000:]
+    assert re.search(r"\[(1,)?1\]<stderr>:\s+hvdp\.cluster\.watchdog\." + re.escape(cause), out), out[-4000:]
     assert WATCHDOG_S <= AFTER[0] < WATCHDOG_S + 10, (AFTER, out[-3000:])  # seconds from hvd.init to the error
 
 

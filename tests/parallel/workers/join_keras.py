@@ -16,6 +16,7 @@ import keras
 import numpy as np
 
 import hvdp.keras as hvd
+from hvdp.keras.state import state_of
 
 if keras.backend.backend() == "tensorflow":  # the loop modes are TF's; fit runs on both backends
     import tensorflow as tf
@@ -55,7 +56,7 @@ def assert_identical(model, opt, tag):
 
 
 def residuals(opt):
-    state = opt._hvdp.residual_state()
+    state = state_of(opt).residual_state()
     if state is None or not state["worker"]:
         return None
     return {k: {b: np.array(v) for b, v in state[k].items()} for k in ("worker", "server")}
@@ -84,7 +85,7 @@ def run_loop(codec, steps, uneven_inputs=DEFAULT):
         res_after.append(residuals(opt))
     last = hvd.join()
     if uneven_inputs is not False:  # the default resolved to the join control, as True does
-        assert opt._hvdp.engine.settings.uneven_inputs is True, opt._hvdp.engine.settings
+        assert state_of(opt).engine.settings.uneven_inputs is True, state_of(opt).engine.settings
     assert last == int(np.argmax(steps)), (last, steps)
     assert_identical(model, opt, f"loop.{codec}")
     iterations = int(keras.ops.convert_to_numpy(opt.iterations))
@@ -103,7 +104,7 @@ def run_loop(codec, steps, uneven_inputs=DEFAULT):
     every_res = hvd.allgather_object(res, name=f"join.res.{codec}") if res is not None else None
     final = model.get_weights()
     err, bound = check_uneven_run(codec, every_local, steps, size, p0, final, LR, every_res,
-                                  [tuple(idx) for idx in opt._hvdp.plan.buckets])
+                                  [tuple(idx) for idx in state_of(opt).plan.buckets])
     how = "default" if uneven_inputs is DEFAULT else uneven_inputs
     print(f"CHECK join-loop-{codec} OK rank={rank} uneven_inputs={how} err={err:.3g} bound={bound:.3g}",
           flush=True)
