@@ -76,6 +76,7 @@ from .join import join  # noqa: E402,F401  (Horovod's join, safe with every code
 from .mesh import ProcessMesh  # noqa: E402,F401  (DP x TP x PP groups as process sets: hvdp.cluster.mesh)
 from .mesh import hierarchical_process_sets  # noqa: E402,F401  (hvdp.cluster.topology's static process sets)
 from .optimizer import DistributedOptimizer  # noqa: E402,F401
+from .outer import OuterOptimizer  # noqa: E402,F401  (outer steps every H inner steps: hvdp.outer)
 from .saving import load_checkpoint, load_model  # noqa: E402,F401
 from .syncbn import SyncBatchNormalization  # noqa: E402,F401
 

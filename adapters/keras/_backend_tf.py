@@ -169,6 +169,28 @@ class TFBackend:
                                    process_set=process_set))
 
     @staticmethod
+    def eager_call(fn, after=()):
+        """``fn()`` run eagerly in Python at this point of every step, at once or, inside a traced
+        step, as a ``tf.py_function`` that reads the variables ``after`` first (so it runs after
+        every assignment to them that comes before it in the step). -> a token (traced) or None."""
+        if tf.executing_eagerly():
+            fn()
+            return None
+
+        def run(*_):
+            fn()
+            return tf.constant(0)
+        return tf.py_function(run, [tf.convert_to_tensor(v) for v in after], tf.int32)
+
+    @staticmethod
+    def run_after(token, fn):
+        """``fn()``, its ops run after ``token`` (an ``eager_call``'s) where the step is traced."""
+        if token is None:
+            return fn()
+        with tf.control_dependencies([token]):
+            return fn()
+
+    @staticmethod
     def one():
         """A 1 read from a variable: Horovod's allreduce op is not marked stateful, so TF's graph
         optimizer would fold an allreduce of a constant into the value of its first run."""

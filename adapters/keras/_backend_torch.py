@@ -130,6 +130,15 @@ class TorchBackend:
             v.assign(hvd.synchronize(h))
 
     @staticmethod
+    def eager_call(fn, after=()):
+        """``fn()`` at once (the torch backend's steps run eagerly)."""
+        fn()
+
+    @staticmethod
+    def run_after(token, fn):
+        return fn()
+
+    @staticmethod
     def one():
         return torch.ones(1)
 

@@ -183,7 +183,7 @@ def _distribute(optimizer, reducer):
     # hvd.load_model makes it distributed again (being distributed is a run-time property).
     cls = type(base.__name__, (base,), dict(methods, __module__=base.__module__,
                                             __qualname__=base.__qualname__))
-    _serialise_as(cls, base)
+    serialise_as(cls, base)
     optimizer.__class__ = cls  # keep the object: its variables, config and tracking stay valid
     attach(optimizer, reducer)
     OPTIMIZERS.add(optimizer)
@@ -192,7 +192,7 @@ def _distribute(optimizer, reducer):
     return optimizer
 
 
-def _serialise_as(cls, base):
+def serialise_as(cls, base):
     """Give ``cls`` the saving names of ``base``: the public ``keras.optimizers.<Name>`` or the
     name it was registered under with ``keras.saving.register_keras_serializable`` (Keras looks
     both up by class object, so a subclass made on the fly has neither)."""

@@ -1,7 +1,7 @@
 """``hvd.load_model`` and ``hvd.load_checkpoint``: a saved Keras model back with its optimizer made
 distributed, as in Horovod, and each rank's error-feedback residuals with it.
 
-hvdp's optimizer is saved as the user's own optimizer class (see ``optimizer._serialise_as``), so
+hvdp's optimizer is saved as the user's own optimizer class (see ``optimizer.serialise_as``), so
 stock ``keras.models.load_model`` already loads it with its state; this adds the wrapping, and the
 error-feedback residuals that ``hvd.callbacks.ModelCheckpoint`` / ``hvd.save_checkpoint`` keep.
 The file format (residuals beside the model in the ``.keras`` archive) and the writing side live

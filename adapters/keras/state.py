@@ -25,3 +25,15 @@ def state_of(obj):
 def attach(obj, reducer):
     """Keep ``reducer`` on ``obj`` (called by the module that makes ``obj`` hvdp's)."""
     setattr(obj, _ATTR, reducer)
+
+
+_OUTER = "_hvdp_outer_steps"  # an hvd.OuterOptimizer's outer loop (hvdp.keras.outer)
+
+
+def outer_of(obj):
+    """The outer steps kept on ``obj`` (an ``hvd.OuterOptimizer``), or None."""
+    return getattr(obj, _OUTER, None)
+
+
+def attach_outer(obj, outer):
+    setattr(obj, _OUTER, outer)

@@ -10,7 +10,7 @@ XLA-compiled function.
 
 Keras' torch backend has no XLA: there ``refuse_xla`` is not used and "auto" is eager already.
 """
-from .state import state_of
+from .state import outer_of, state_of
 
 
 def refuse_xla(what="the train step is", fix="compile the model with jit_compile=False"):
@@ -29,7 +29,7 @@ def refuse_xla(what="the train step is", fix="compile the model with jit_compile
 def is_distributed(optimizer) -> bool:
     """hvdp's optimizer, also when Keras wrapped it (LossScaleOptimizer's ``inner_optimizer``)."""
     while optimizer is not None:
-        if state_of(optimizer) is not None:
+        if state_of(optimizer) is not None or outer_of(optimizer) is not None:
             return True
         optimizer = getattr(optimizer, "inner_optimizer", None)
     return False

@@ -1,0 +1,149 @@
+"""``hvd.OuterOptimizer`` for Keras 3 (both backends): outer steps (``hvdp.outer``). The user's
+optimizer takes every inner step alone; every ``sync_every`` steps the pseudo-gradient goes
+through the engine and the outer SGD, and every worker continues from the global parameters.
+
+The outer loop runs eagerly around each ``apply``: before it (the first call takes rank 0's
+variables as every rank's start and the global parameters) and after it (the syncs due now). In
+a step TensorFlow traces, both are ``tf.py_function`` calls at those points of the step; on the
+torch backend, plain calls. So ``model.fit`` and custom loops need nothing more.
+
+Example::
+
+    opt = hvd.OuterOptimizer(keras.optimizers.AdamW(1e-3), sync_every=8, compression="int8")
+    model.compile(optimizer=opt, loss="sparse_categorical_crossentropy")
+    model.fit(x, y, callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+"""
+import keras
+
+from hvdp.codecs.auto import Auto
+from hvdp.outer import OuterLoop, OuterSettings
+from hvdp.outer.loop import split
+from hvdp.reduce.engine import Engine
+from hvdp.reduce.settings import ReduceSettings, is_low_rank
+
+from .agreement import REPORTER, VERSIONS, allgather_fixed, variable_entries
+from .backend import BACKEND as B
+from .compression import resolve
+from .plain import KerasPlain
+from .optimizer import serialise_as
+from .state import attach_outer, outer_of, state_of
+from .xla import install_auto_jit_veto
+
+
+class KerasOuter:
+    """One Keras optimizer's outer steps: the settings, one engine per fragment and the loop
+    (made at the first step, from the variables the optimizer updates)."""
+
+    def __init__(self, outer: OuterSettings, reduce_settings: ReduceSettings, hvd_compressor, buffers, process_set):
+        # settings
+        self.settings, self.reduce_settings = outer, reduce_settings
+        self.hvd_compressor, self.process_set = hvd_compressor, process_set
+        self.buffers = [v for v in (buffers or ()) if keras.backend.standardize_dtype(v.dtype).startswith("float")]
+        # internal state
+        self.variables, self.fragments, self.engines, self.loop = None, None, [], None
+
+    def before_step(self, variables) -> None:
+        """At the first step, before its update: rank 0's variables on every rank (the common
+        start: a broadcast callback may run only after this step) and the loop made from them."""
+        if self.loop is not None:
+            return
+        self.variables = list(variables)
+        names = [getattr(v, "path", None) or v.name for v in self.variables]
+        B.broadcast_variables(self.variables + self.buffers, names + [f"buffer.{i}" for i in range(len(self.buffers))],
+                              0, self.process_set)
+        self.fragments = split([int(keras.ops.size(v)) for v in self.variables], self.settings.fragments)
+        comm = B.Collectives(self.process_set)
+        rs = self.reduce_settings
+        for f, idx in enumerate(self.fragments):
+            plain = KerasPlain(comm, rs.op, rs.predivide, rs.sparse_as_dense, self.hvd_compressor)
+            eng = Engine(rs, B.ops, comm, plain, allgather_fixed(self.process_set), versions=VERSIONS,
+                         per_bucket_auto=False, tensor_word="variable")
+            eng.set_layout([names[i] for i in idx], [tuple(self.variables[i].shape) for i in idx], [True] * len(idx),
+                           tensors=variable_entries(self.variables, names) if f == 0 else None)
+            self.engines.append(eng)
+        self.loop = OuterLoop(self.settings, B.ops, self.engines, self.fragments, self._values())
+
+    def _values(self):
+        return [keras.ops.convert_to_tensor(v) for v in self.variables]
+
+    def after_step(self) -> None:
+        """After the inner update: the syncs due now; what lands is assigned to the variables."""
+        with REPORTER.explaining():
+            landed = self.loop.after_step(self._values())
+            for i, value in landed:
+                self.variables[i].assign(keras.ops.cast(value, self.variables[i].dtype))
+            if landed and self.buffers and any(i in self.fragments[0] for i, _ in landed):
+                for j, b in enumerate(self.buffers):
+                    b.assign(B.allreduce_np(keras.ops.convert_to_numpy(b), f"hvdp.outer.buffer.{j}"))
+
+    def compression_stats(self) -> dict:
+        """Each fragment's statistics per sync and the bytes one worker sends per inner step."""
+        frags = [eng.summary() for eng in self.engines]
+        per_sync = sum(f["total"]["all"]["sent"] / max(f["steps"], 1) for f in frags)
+        fp32 = sum(f["total"]["all"]["fp32"] / max(f["steps"], 1) for f in frags)
+        return {"outer": self.settings.describe(), "fragments": frags,
+                "sent_per_inner_step": per_sync / self.settings.sync_every,
+                "fp32_per_step_of_data_parallelism": fp32}
+
+
+class _Outer:
+    """Methods copied into the dynamic subclass (``super(self.__class__, self)`` is the user's class)."""
+
+    def apply(self, grads, trainable_variables=None):
+        outer = outer_of(self)
+        variables = list(trainable_variables) if trainable_variables is not None else None
+        parent = super(self.__class__, self)
+        if variables is None:
+            if not self.built:
+                raise ValueError("hvd.OuterOptimizer.apply needs trainable_variables on its first call "
+                                 "(e.g. opt.apply(grads, model.trainable_variables))")
+            variables = list(self._trainable_variables)
+        B.refuse_xla("hvd.OuterOptimizer's step is", "compile the model with jit_compile=False")
+        started = None if outer.loop is not None else B.eager_call(lambda: outer.before_step(variables), variables)
+        out = B.run_after(started, lambda: parent.apply(grads, variables))
+        B.eager_call(outer.after_step, variables)
+        return out
+
+    def compression_stats(self) -> dict:
+        return outer_of(self).compression_stats()
+
+
+def OuterOptimizer(optimizer, sync_every=None, outer_lr=0.7, outer_momentum=0.9, nesterov=True, compression="none",
+                   fragments=1, delay=0, mix=0.0, policy=None, buffers=None, process_set=None):
+    """Outer steps around a Keras optimizer (DiLoCo; local SGD with ``outer_lr=1, outer_momentum=0``).
+
+    Args:
+        optimizer: the inner optimizer (its state stays local to each worker).
+        sync_every: H, inner steps between syncs (required).
+        outer_lr, outer_momentum, nesterov: the outer SGD on the averaged pseudo-gradient.
+        compression: the pseudo-gradient's codec: "none", "fp16", "bf16", "int8", "int4", "topk".
+        fragments, delay, mix: streaming (``hvdp.outer.OuterSettings``).
+        policy: an ``hvdp.CompressionPolicy``.
+        buffers: float variables averaged at the first fragment's syncs (batch-norm statistics:
+            ``[v for v in model.non_trainable_variables]``).
+
+    Example::
+
+        model.compile(optimizer=hvd.OuterOptimizer(keras.optimizers.AdamW(1e-3), sync_every=8), loss=...)
+    """
+    if sync_every is None:
+        raise ValueError("hvd.OuterOptimizer needs sync_every=H, the inner steps between syncs (e.g. 8)")
+    if outer_of(optimizer) is not None or state_of(optimizer) is not None:
+        raise ValueError("this optimizer already is an hvd.OuterOptimizer or an hvd.DistributedOptimizer: "
+                         "wrap the plain Keras optimizer in one of them")
+    outer = OuterSettings(sync_every, outer_lr, outer_momentum, nesterov, fragments, delay, mix)
+    codec, hvd_compressor = resolve(compression)
+    if codec is None or is_low_rank(codec) or isinstance(codec, Auto):
+        raise ValueError(f"hvd.OuterOptimizer reduces pseudo-gradients with hvdp's codecs: compression="
+                         f"{compression!r} is not one here; use 'none', 'fp16', 'bf16', 'int8', 'int4' or 'topk'")
+    rs = ReduceSettings.from_user(codec, hvd_compressor, policy, extra=(("outer", outer.describe()),))
+    process_set = process_set if process_set is not None else B.hvd.global_process_set
+    REPORTER.install()  # needs the rank, so after hvd.init
+    install_auto_jit_veto()  # compile(jit_compile="auto") on a GPU node: no XLA around the outer loop
+    base = optimizer.__class__
+    methods = {k: v for k, v in _Outer.__dict__.items() if k not in ("__dict__", "__weakref__")}
+    cls = type(base.__name__, (base,), dict(methods, __module__=base.__module__, __qualname__=base.__qualname__))
+    serialise_as(cls, base)  # saved as the user's class, as hvd.DistributedOptimizer's
+    optimizer.__class__ = cls  # keep the object: its variables, config and tracking stay valid
+    attach_outer(optimizer, KerasOuter(outer, rs, hvd_compressor, buffers, process_set))
+    return optimizer
