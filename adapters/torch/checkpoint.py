@@ -46,7 +46,10 @@ def own_state(per_rank, rank):
     """What rank ``rank`` loads from the saved ranks' ``per_rank`` states (see the module's rule)."""
     if rank < len(per_rank):
         return per_rank[rank]
-    return dict(per_rank[0], reducer={})  # no codec named: every residual from zero
+    out = dict(per_rank[0], reducer={})  # no codec named: every residual from zero
+    if "engines" in out:  # hvd.OuterOptimizer's: residuals from zero, the global parameters
+        out["engines"] = out["local"] = None
+    return out
 
 
 def _reason(err):

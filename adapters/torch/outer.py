@@ -92,19 +92,30 @@ class _OuterOptimizer(torch.optim.Optimizer):
                 "sent_per_inner_step": per_sync / h, "fp32_per_step_of_data_parallelism": fp32}
 
     def state_dict(self):
+        """The inner optimizer's state, the outer loop's (``hvdp_outer``: the same on every rank)
+        and this rank's own (``hvdp``: its residuals, its inner optimizer's state and, inside an
+        interval, its local parameters; ``hvd.save_checkpoint`` keeps every rank's)."""
         state = super(self.__class__, self).state_dict()
         if self.outer is not None:
-            state["hvdp_outer"] = self.outer.state()
+            outer = self.outer.state()
+            state["hvdp"] = {"engines": outer.pop("engines"), "local": [p.detach().clone() for p in self._params],
+                             "inner": super(self.__class__, self).state_dict()}
+            state["hvdp_outer"] = outer
         return state
 
     def load_state_dict(self, state_dict):
         state_dict = dict(state_dict)
-        outer = state_dict.pop("hvdp_outer", None)
-        super(self.__class__, self).load_state_dict(state_dict)
+        outer, mine = state_dict.pop("hvdp_outer", None), state_dict.pop("hvdp", None)
+        # the inner state is each rank's own (rank 0's in the shared part of a checkpoint)
+        super(self.__class__, self).load_state_dict((mine or {}).get("inner") or state_dict)
         if outer is not None:
             self.outer = OuterLoop(self._outer_settings, _OPS, self.engines, self._fragments,
                                    [p.detach() for p in self._params])
-            self.outer.load_state(outer)
+            self.outer.load_state(dict(outer, engines=(mine or {}).get("engines")))
+            local = (mine or {}).get("local")  # None: a rank that did not save starts from the global ones
+            with torch.no_grad():
+                for i, p in enumerate(self._params):
+                    p.copy_(local[i] if local is not None else self.outer.globals[i])
 
 
 def OuterOptimizer(optimizer, named_parameters=None, sync_every=None, outer_lr=0.7, outer_momentum=0.9,

@@ -137,9 +137,10 @@ class OuterLoop:
 
     # --- what a checkpoint carries ------------------------------------------------------------
     def state(self) -> dict:
-        """The global parameters, the outer momentum, the step within the interval and every
-        fragment's engine state (residuals). A fragment in flight cannot be saved: checkpoint
-        where :attr:`in_flight` is False (always, with ``delay=0``)."""
+        """The global parameters, the outer momentum, the step within the interval (the same on
+        every rank) and every fragment's engine state (``engines``: this rank's residuals). A
+        fragment in flight cannot be saved: checkpoint where :attr:`in_flight` is False (always,
+        with ``delay=0``)."""
         if self._inflight:
             raise RuntimeError(f"outer steps: fragment(s) {sorted(self._inflight)} are being reduced (delay="
                                f"{self.settings.delay}); save the checkpoint at a step where none is in "
@@ -161,5 +162,5 @@ class OuterLoop:
         self.outer_steps = list(state["outer_steps"])
         self.globals = [self._copy(g) for g in state["globals"]]
         self.momentum = [None if m is None else self._copy(m) for m in state["momentum"]]
-        for e, st in zip(self.engines, state["engines"]):
-            e.load_state(st)
+        for e, st in zip(self.engines, state.get("engines") or [None] * len(self.engines)):
+            e.load_state(st)  # None (a rank that did not save): residuals from zero

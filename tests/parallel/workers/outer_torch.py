@@ -144,6 +144,32 @@ def check_checkpoint_mid_interval():
         assert torch.equal(p, q), "the resumed run differs from the uninterrupted one"
 
 
+def check_save_checkpoint():
+    """hvd.save_checkpoint / hvd.load_checkpoint (rank 0 writes; each rank gets its own
+    residuals back) in the middle of an interval: the resumed run has the uninterrupted one's bits."""
+    import os
+    import tempfile
+
+    def make():
+        model, x, y = model_and_data()
+        opt = hvd.OuterOptimizer(torch.optim.AdamW(model.parameters(), lr=1e-2),
+                                 named_parameters=model.named_parameters(), sync_every=4, compression="int8",
+                                 policy=hvd.CompressionPolicy(min_elements=1))
+        return model, opt, x, y
+    folder = hvd.broadcast_object(tempfile.mkdtemp(prefix="hvdp-outer-") if hvd.rank() == 0 else None, 0,
+                                  name="outer.ckpt.dir")
+    path = os.path.join(folder, "ckpt.pt")
+    model, opt, x, y = make()
+    train(model, opt, x, y, 6)
+    hvd.save_checkpoint(path, model, opt, step=6)
+    train(model, opt, x, y, 14, first=6)
+    model2, opt2, _, _ = make()
+    assert hvd.load_checkpoint(path, model2, opt2) == {"step": 6}
+    train(model2, opt2, x, y, 14, first=6)
+    for p, q in zip(model.parameters(), model2.parameters()):
+        assert torch.equal(p, q), "the resumed run differs from the uninterrupted one"
+
+
 def check_refusals():
     model, _, _ = model_and_data()
     for kwargs, text in (({}, "needs sync_every=H"), ({"sync_every": 4, "compression": "powersgd"}, "not one here"),
