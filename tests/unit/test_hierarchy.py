@@ -50,14 +50,20 @@ def run(reducers, flats, name="b0"):
             out[r] = reducers[r].finish(pend)
         except BaseException as e:  # reported below, on the test's thread
             errors.append(e)
-    threads = [threading.Thread(target=one, args=(r,)) for r in range(len(reducers))]
+    run_threads(one, len(reducers), errors)
+    return out
+
+
+def run_threads(fn, n, errors, timeout=120):
+    """``fn(r)`` for r in 0..n-1, each on its own thread (simulated ranks whose collectives
+    block until all have posted); the first error any raised (into ``errors``) is raised here."""
+    threads = [threading.Thread(target=fn, args=(r,)) for r in range(n)]
     for t in threads:
         t.start()
     for t in threads:
-        t.join(60)
+        t.join(timeout)
     if errors:
         raise errors[0]
-    return out
 
 
 def grads(p, n, seed=0):

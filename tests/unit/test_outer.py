@@ -3,7 +3,6 @@ against a float64 numpy model of the algorithm fed the same per-rank data: H > 1
 fragments with a delay and mixing; H = 1 with outer lr 1 and no momentum is plain data
 parallelism; every codec keeps the ranks bit-identical after each sync; a checkpoint taken
 mid-interval resumes to the uninterrupted run's bits."""
-import threading
 
 import numpy as np
 import pytest
@@ -16,6 +15,7 @@ from hvdp.reduce.plan import CompressionPolicy
 from hvdp.reduce.settings import ReduceSettings
 from hvdp.reduce.simcomm import FakeGroup
 from test_engine import NumpyPlain, gather
+from test_hierarchy import run_threads
 
 OPS = NumpyOps()
 P = 2
@@ -117,13 +117,7 @@ def run(settings, steps, codec="none", seed=0, stop_at=None, resume=None):
         except BaseException as e:  # noqa: BLE001 - reported by the main thread
             errors.append(e)
 
-    threads = [threading.Thread(target=worker, args=(r,)) for r in range(P)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    if errors:
-        raise errors[0]
+    run_threads(worker, P, errors)
     return finals, synced, saved
 
 

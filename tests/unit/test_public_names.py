@@ -66,6 +66,15 @@ def test_core_names_in_messages_resolve():
     assert not missing, "names the code tells users about that do not exist:\n  " + "\n  ".join(missing)
 
 
+def assert_nothing_missing(code):
+    """Run ``code`` in a fresh interpreter (both adapters, Keras on its torch backend: no TensorFlow
+    start-up); its last line must be ``MISSING []``."""
+    env = dict(os.environ, KERAS_BACKEND="torch", OMP_NUM_THREADS="1", TF_CPP_MIN_LOG_LEVEL="3")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=240, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.strip().splitlines()[-1] == "MISSING []", r.stdout[-2000:]
+
+
 @pytest.mark.skipif(importlib.util.find_spec("horovod") is None or importlib.util.find_spec("torch") is None
                     or importlib.util.find_spec("keras") is None, reason="needs torch, keras and Horovod")
 def test_adapters_expose_the_same_compression_policy():
@@ -81,10 +90,7 @@ def test_adapters_expose_the_same_compression_policy():
             "    if not hasattr(importlib.import_module(mod), attr):\n"
             "        missing.append(name)\n"
             "print('MISSING', missing)")
-    env = dict(os.environ, KERAS_BACKEND="torch", OMP_NUM_THREADS="1", TF_CPP_MIN_LOG_LEVEL="3")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=240, cwd=ROOT)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert r.stdout.strip().splitlines()[-1] == "MISSING []", r.stdout[-2000:]
+    assert_nothing_missing(code)
 
 
 # The public names users import, written down: hvdp's own and the adapters' (beside every name of
@@ -116,7 +122,4 @@ def test_every_listed_public_name_is_where_users_import_it():
             "missing = [f'{m}.{n}' for m, names in public.items() for n in names\n"
             "           if not hasattr(importlib.import_module(m), n)]\n"
             "print('MISSING', missing)")
-    env = dict(os.environ, KERAS_BACKEND="torch", OMP_NUM_THREADS="1", TF_CPP_MIN_LOG_LEVEL="3")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=240, cwd=ROOT)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert r.stdout.strip().splitlines()[-1] == "MISSING []", r.stdout[-2000:]
+    assert_nothing_missing(code)
