@@ -96,3 +96,16 @@ def test_the_walk_covers_every_core_module(walked):
                 on_disk.add(rel if f == "__init__.py" else f"{rel}.{f[:-3]}")
     assert on_disk - set(got["modules"]) == set(), sorted(on_disk - set(got["modules"]))
     assert {"hvdp.codecs", "hvdp.kernels", "hvdp.install", "hvdp.__main__"} <= set(got["modules"])
+
+
+def test_every_core_package_is_in_the_distribution():
+    """setup.cfg lists packages by name: a new folder of hvdp/ left out installs without it
+    (a pip-installed hvdp then fails at import; the fresh-venv test finds that in minutes)."""
+    import configparser
+    cfg = configparser.ConfigParser()
+    cfg.read(os.path.join(ROOT, "setup.cfg"))
+    listed = {p.strip() for p in cfg["options"]["packages"].split(",")}
+    found = {"hvdp"} | {"hvdp." + os.path.relpath(d, os.path.join(ROOT, "hvdp")).replace(os.sep, ".")
+                        for d, _, files in os.walk(os.path.join(ROOT, "hvdp"))
+                        if "__init__.py" in files and d != os.path.join(ROOT, "hvdp")}
+    assert found <= listed, f"packages missing from setup.cfg [options] packages: {sorted(found - listed)}"
