@@ -17,6 +17,11 @@ from conftest import CONTROLLERS, WORKERS, checks_passed, horovodrun
 pytestmark = pytest.mark.parallel
 
 CODECS = ["none", "fp16", "bf16", "int8", "topk"]
+ALL = ",".join(CODECS)
+# Two-rank jobs that end normally share one job per worker and controller (each mode in turn:
+# every run joins, and the next starts); a refusal ends its job, so it has one of its own.
+TORCH_2 = ("5,4", f"default:{ALL}", "adam:int8,topk,none")
+KERAS_2 = ("5,4", f"loop:{ALL}", f"fit:{ALL}", "nojoin:int8")
 
 
 @functools.lru_cache(maxsize=None)
@@ -41,20 +46,20 @@ def assert_all_ranks(out, rc, names, np_, how=None):
 @pytest.mark.parametrize("controller", CONTROLLERS)
 def test_torch_5_vs_4_steps_every_codec_without_opt_in(controller):
     """A Horovod script: no uneven_inputs argument, hvd.join() at the end of uneven shards."""
-    rc, out = job("join_torch.py", "5,4", ",".join(CODECS), controller=controller)
+    rc, out = job("join_torch.py", *TORCH_2, controller=controller)
     assert "JoinRefused" not in out, out[-5000:]
     assert_all_ranks(out, rc, [f"join-{c}" for c in CODECS], 2, how="default")
 
 
 @pytest.mark.parametrize("controller", CONTROLLERS)
 def test_torch_three_ranks_three_step_counts(controller):
-    rc, out = job("join_torch.py", "5,3,4", ",".join(CODECS), "opt-in", controller=controller)
+    rc, out = job("join_torch.py", "5,3,4", f"opt-in:{ALL}", controller=controller)
     assert_all_ranks(out, rc, [f"join-{c}" for c in CODECS], 3, how="True")
 
 
 @pytest.mark.parametrize("controller", CONTROLLERS)
 def test_torch_optimizer_state_identical_after_join(controller):
-    rc, out = job("join_torch.py", "5,4", "int8,topk,none", "adam", controller=controller)
+    rc, out = job("join_torch.py", *TORCH_2, controller=controller)
     assert_all_ranks(out, rc, [f"join-adam-{c}" for c in ("int8", "topk", "none")], 2)
 
 
@@ -71,36 +76,36 @@ def assert_refused_on_every_rank(rc, out):
 
 @pytest.mark.parametrize("controller", CONTROLLERS)
 def test_torch_join_with_uneven_inputs_false_is_a_clear_error_on_every_rank(controller):
-    assert_refused_on_every_rank(*job("join_torch.py", "5,4", "int8", "refuse", controller=controller))
+    assert_refused_on_every_rank(*job("join_torch.py", "5,4", "refuse:int8", controller=controller))
 
 
 @pytest.mark.parametrize("controller", CONTROLLERS)
 def test_keras_join_with_uneven_inputs_false_is_a_clear_error_on_every_rank(controller):
-    assert_refused_on_every_rank(*job("join_keras.py", "5,4", "refuse", "int8", controller=controller))
+    assert_refused_on_every_rank(*job("join_keras.py", "5,4", "refuse:int8", controller=controller))
 
 
 @pytest.mark.parametrize("controller", CONTROLLERS)
 def test_keras_loop_5_vs_4_steps_every_codec_without_opt_in(controller):
     """A Horovod script: no uneven_inputs argument, hvd.join() at the end of uneven shards."""
-    rc, out = job("join_keras.py", "5,4", "loop", ",".join(CODECS), controller=controller)
+    rc, out = job("join_keras.py", *KERAS_2, controller=controller)
     assert "JoinRefused" not in out, out[-5000:]
     assert_all_ranks(out, rc, [f"join-loop-{c}" for c in CODECS], 2, how="default")
 
 
 @pytest.mark.parametrize("controller", CONTROLLERS)
 def test_keras_loop_three_ranks(controller):
-    rc, out = job("join_keras.py", "5,3,4", "loopin", ",".join(CODECS), controller=controller)
+    rc, out = job("join_keras.py", "5,3,4", f"loopin:{ALL}", controller=controller)
     assert_all_ranks(out, rc, [f"join-loop-{c}" for c in CODECS], 3, how="True")
 
 
 @pytest.mark.parametrize("controller", CONTROLLERS)
 def test_keras_fit_uneven_shards_with_join_callback(controller):
     """model.fit + JoinCallback, the optimizer made without uneven_inputs."""
-    rc, out = job("join_keras.py", "5,4", "fit", ",".join(CODECS), controller=controller)
+    rc, out = job("join_keras.py", *KERAS_2, controller=controller)
     assert_all_ranks(out, rc, [f"join-fit-{c}" for c in CODECS], 2)
 
 
 def test_keras_fit_uneven_shards_without_it_is_refused():
-    rc, out = job("join_keras.py", "5,4", "nojoin", "int8")
+    rc, out = job("join_keras.py", *KERAS_2, controller="gloo")
     assert_all_ranks(out, rc, ["join-nojoin-int8"], 2)
     assert re.search(r"steps_per_epoch=4", out), out[-3000:]

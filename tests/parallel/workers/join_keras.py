@@ -150,7 +150,9 @@ if __name__ == "__main__":
     hvd.init()
     steps = [int(s) for s in sys.argv[1].split(",")]
     assert len(steps) == hvd.size(), (steps, hvd.size())
-    mode = sys.argv[2]
-    for name in sys.argv[3].split(","):
-        {"loop": run_loop, "loopin": lambda c, s: run_loop(c, s, uneven_inputs=True), "fit": run_fit,
-         "nojoin": run_nojoin, "refuse": run_refuse}[mode](name, steps)
+    modes = {"loop": run_loop, "loopin": lambda c, s: run_loop(c, s, uneven_inputs=True), "fit": run_fit,
+             "nojoin": run_nojoin, "refuse": run_refuse}
+    for group in sys.argv[2:]:  # "mode:codec,codec,...", in turn in one job (each joins, then goes on)
+        mode, _, names = group.partition(":")
+        for name in names.split(","):
+            modes[mode](name, steps)

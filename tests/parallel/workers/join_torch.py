@@ -122,12 +122,8 @@ if __name__ == "__main__":
     torch.set_num_threads(1)
     steps = [int(s) for s in sys.argv[1].split(",")]
     assert len(steps) == hvd.size(), (steps, hvd.size())
-    for name in sys.argv[2].split(","):
-        if len(sys.argv) > 3 and sys.argv[3] == "opt-in":
-            run(name, steps, uneven_inputs=True)
-        elif len(sys.argv) > 3 and sys.argv[3] == "refuse":
-            refuse(name, steps)
-        elif len(sys.argv) > 3 and sys.argv[3] == "adam":
-            adam(name, steps)
-        else:
-            run(name, steps)
+    modes = {"default": run, "opt-in": lambda c, s: run(c, s, uneven_inputs=True), "refuse": refuse, "adam": adam}
+    for group in sys.argv[2:]:  # "mode:codec,codec,...", in turn in one job (each joins, then goes on)
+        mode, _, names = group.partition(":")
+        for name in names.split(","):
+            modes[mode](name, steps)
