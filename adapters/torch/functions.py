@@ -25,8 +25,8 @@ def broadcast_optimizer_state(optimizer, root_rank, *args, process_set=_hvd.glob
     overwrites the state."""
     model = args[0] if args else kwargs.get("model")
     in_set = process_set is not _hvd.global_process_set and process_set.process_set_id != 0
-    local = optimizer.skip_synchronize() if getattr(optimizer, "_hvdp_distributed", False) else \
-        contextlib.nullcontext()
+    from .optimizer import is_distributed  # imported here: optimizer.py imports join.py, which imports this
+    local = optimizer.skip_synchronize() if is_distributed(optimizer) else contextlib.nullcontext()
     with local:
         if not isinstance(optimizer, torch.optim.LBFGS):  # LBFGS: Horovod's own handling
             root_has_state = _hvd.broadcast_object(bool(optimizer.state), root_rank, name="hvdp.opt_has_state",

@@ -31,6 +31,12 @@ from .presence import Presence
 _OPS = TorchOps()
 
 
+def is_distributed(optimizer) -> bool:
+    """Whether ``optimizer`` is an ``hvd.DistributedOptimizer`` of hvdp's (its class is made on
+    the fly from the user's, so it is told by a class attribute, not by ``isinstance``)."""
+    return getattr(type(optimizer), "_hvdp_distributed", False)
+
+
 class _DistributedOptimizer(torch.optim.Optimizer):
     _hvdp_distributed = True
 

@@ -47,6 +47,14 @@ LINGER_S = 3.0          # the adapters' default linger of a failed rank (not ela
 DONE_SLACK_S = 30       # a "done" mark this much older than the failing rank's report is stale
 
 
+def settled(exc: BaseException) -> BaseException:
+    """Mark ``exc`` as reported and explained already (its message names the cause, e.g. the
+    stall watchdog's): the reporter neither reports nor explains it again. -> ``exc``."""
+    exc._hvdp_reported = True
+    exc._hvdp_explained = True
+    return exc
+
+
 class FailureReporter:
     """Reports this rank's failures and explains the others'. One per process (see ``install``).
 

@@ -35,6 +35,7 @@ from contextlib import contextmanager
 from typing import Callable, Dict, Iterator, Optional, Sequence, Tuple
 
 from ..config import stall_timeout_s
+from .failures import settled
 
 NOTE_KEY = "stall-{rank}"
 NOTE_AT = 0.5        # a wait this fraction of the deadline old leaves its note on the board
@@ -171,10 +172,7 @@ class StallWatchdog:
         return w
 
     def _as_stall(self, e: Exception) -> "StallError":
-        new = StallError(self.message)
-        new._hvdp_explained = True  # the failure reporter leaves it as it is
-        new._hvdp_reported = True
-        return new
+        return settled(StallError(self.message))  # the failure reporter leaves it as it is
 
     def _ensure_thread(self) -> None:
         if self._thread is not None or not self._start_thread:

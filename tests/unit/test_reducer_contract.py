@@ -119,3 +119,24 @@ def test_no_one_probes_a_reducer():
                             if PROBE.search(line):
                                 hits.append(f"{os.path.relpath(path, ROOT)}:{i}: {line.strip()}")
     assert not hits, "a reducer probed for parts the contract should state:\n" + "\n".join(hits)
+
+
+MARKER = re.compile(r"\b_hvdp_?[A-Za-z0-9_]*")
+
+
+def test_private_hvdp_attributes_stay_in_the_module_that_owns_them():
+    """Each private ``_hvdp...`` attribute (state on a user's object, a marker on an exception or
+    a class) is written and read in one module; every other module asks that module."""
+    where = {}
+    for top in ("hvdp", "adapters"):
+        for folder, dirs, files in os.walk(os.path.join(ROOT, top)):
+            dirs[:] = [d for d in dirs if d != "__pycache__"]
+            for f in files:
+                if f.endswith(".py"):
+                    path = os.path.join(folder, f)
+                    with open(path, encoding="utf-8") as fh:
+                        for name in set(MARKER.findall(fh.read())):
+                            where.setdefault(name, set()).add(os.path.relpath(path, ROOT))
+    spread = {name: sorted(paths) for name, paths in where.items() if len(paths) > 1}
+    assert where, "no _hvdp attribute found: the pattern is broken"
+    assert not spread, f"private attributes named in more than one module: {spread}"
