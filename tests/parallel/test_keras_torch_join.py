@@ -11,7 +11,7 @@ pytestmark = pytest.mark.parallel
 
 @pytest.mark.timeout(400)
 def test_keras_torch_backend_fit_uneven_shards_with_join_callback():
-    rc, out = horovodrun([os.path.join(WORKERS, "join_keras.py"), "5,4", "fit", "none,int8"], timeout=360,
+    rc, out = horovodrun([os.path.join(WORKERS, "join_keras.py"), "5,4", "fit:none,int8"], timeout=360,
                          env={"KERAS_BACKEND": "torch"})
     for codec in ("none", "int8"):
         for rank in (0, 1):

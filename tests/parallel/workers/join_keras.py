@@ -1,6 +1,6 @@
 """hvdp.keras with uneven inputs: rank r runs ``steps[r]`` steps, then ``hvd.join()``.
 
-Usage: join_keras.py STEPS MODE CODEC[,CODEC...]
+Usage: join_keras.py STEPS MODE:CODEC[,CODEC...] [MODE:CODEC[,...] ...]  (the groups run in turn)
   MODE loop:    a custom tf.function loop + hvd.join(), against the replayed reference; the
                 optimizer made as in a Horovod script, without uneven_inputs (the default)
   MODE loopin:  the same with an explicit uneven_inputs=True

@@ -1,8 +1,9 @@
 """hvdp.torch with uneven inputs: rank r runs ``steps[r]`` steps, then ``hvd.join()``.
 
-Usage: join_torch.py STEPS CODEC[,CODEC...] [opt-in|refuse|adam]
+Usage: join_torch.py STEPS MODE:CODEC[,CODEC...] [MODE:CODEC[,...] ...]  (the groups run in turn)
+  MODE: default, opt-in, refuse or adam (below).
   STEPS: per-rank step counts, e.g. 5,4 or 5,3,4.
-  (nothing): the optimizer made as in a Horovod script, without ``uneven_inputs`` (the default
+  default: the optimizer made as in a Horovod script, without ``uneven_inputs`` (the default
     turns the join control on).
   opt-in: with an explicit ``uneven_inputs=True``.
   refuse: ``uneven_inputs=False`` (expects JoinRefused on the rank that joins first).
