@@ -13,6 +13,7 @@ plain containers (dicts, lists, numbers, strings), so a file from a shared direc
 code. ``load_checkpoint(..., weights_only=False)`` also unpickles other objects (e.g. an ``extra``
 value of your own class): only for files you trust.
 """
+import os
 import pickle
 
 import horovod.torch as _hvd
@@ -69,6 +70,11 @@ def load_checkpoint(path, model, optimizer=None, map_location="cpu", weights_onl
     """
     try:
         state = torch.load(path, map_location=map_location, weights_only=weights_only)
+    except EOFError as e:  # torch says only "Ran out of input"
+        raise EOFError(f"hvd.load_checkpoint('{path}'): the file ends early ({os.path.getsize(path)} bytes): it "
+                       "is not a complete checkpoint (a copy or a write that was cut short?); load an earlier "
+                       "one. hvd.save_checkpoint writes a temporary file and renames it, so its files are "
+                       "whole.") from e
     except pickle.UnpicklingError as e:
         if not weights_only:
             raise

@@ -95,3 +95,11 @@ def test_custom_object_refused_naming_the_opt_out(tmp_path):
     assert extra["epoch"] == 1 and isinstance(extra["obj"], Custom) and extra["obj"].v == 41
     for a, b in zip(model.state_dict().values(), model2.state_dict().values()):
         assert torch.equal(a, b)
+
+
+def test_an_empty_file_is_refused_naming_it_and_the_problem(tmp_path):
+    path = tmp_path / "empty.pt"
+    path.write_bytes(b"")
+    model = torch.nn.Linear(2, 2)
+    with pytest.raises(EOFError, match=r"empty\.pt.*ends early \(0 bytes\).*not a complete checkpoint"):
+        hvd.load_checkpoint(str(path), model)
