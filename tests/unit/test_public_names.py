@@ -19,9 +19,8 @@ DOTTED = re.compile(r"\bhvdp(?:\.[a-z_][a-z_0-9]*)*\.[A-Z][A-Za-z_0-9]*")
 ADAPTERS = ("hvdp.torch", "hvdp.keras")
 
 
-def named_in_sources():
-    """{dotted name: first file naming it} over the .py files of hvdp/ and adapters/."""
-    names = {}
+def sources():
+    """(path relative to the repository, text) of every .py file of hvdp/ and adapters/."""
     for top in ("hvdp", "adapters"):
         for folder, dirs, files in os.walk(os.path.join(ROOT, top)):
             dirs[:] = [d for d in dirs if d != "__pycache__"]
@@ -29,8 +28,15 @@ def named_in_sources():
                 if f.endswith(".py"):
                     path = os.path.join(folder, f)
                     with open(path, encoding="utf-8") as fh:
-                        for name in DOTTED.findall(fh.read()):
-                            names.setdefault(name, os.path.relpath(path, ROOT))
+                        yield os.path.relpath(path, ROOT), fh.read()
+
+
+def named_in_sources():
+    """{dotted name: first file naming it} over the .py files of hvdp/ and adapters/."""
+    names = {}
+    for path, text in sources():
+        for name in DOTTED.findall(text):
+            names.setdefault(name, path)
     return names
 
 

@@ -3,7 +3,6 @@ nothing left abstract, the engine's optional calls have defaults there, and neit
 the adapters probe a reducer for parts (no hasattr/getattr on one, no __getattr__ forwarding)."""
 import importlib
 import inspect
-import os
 import pkgutil
 import re
 
@@ -20,8 +19,8 @@ from hvdp.reduce.mixed import MixedReducer
 from hvdp.reduce.reducer import DictStore, Reducer
 from hvdp.reduce.simcomm import FakeGroup
 from hvdp.reduce.twophase import TwoPhaseReducer
+from test_public_names import sources
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 KNOWN = {TwoPhaseReducer, LowRankReducer, HierarchicalReducer, MixedReducer, JoinableReducer}
 
 
@@ -107,17 +106,8 @@ PROBE = re.compile(r"\b(?:hasattr|getattr)\(\s*(?:self\.)?(?:\w+\.)?(?:red|reduc
 
 
 def test_no_one_probes_a_reducer():
-    hits = []
-    for top in ("hvdp", "adapters"):
-        for folder, dirs, files in os.walk(os.path.join(ROOT, top)):
-            dirs[:] = [d for d in dirs if d != "__pycache__"]
-            for f in files:
-                if f.endswith(".py"):
-                    path = os.path.join(folder, f)
-                    with open(path, encoding="utf-8") as fh:
-                        for i, line in enumerate(fh, 1):
-                            if PROBE.search(line):
-                                hits.append(f"{os.path.relpath(path, ROOT)}:{i}: {line.strip()}")
+    hits = [f"{path}:{i}: {line.strip()}" for path, text in sources()
+            for i, line in enumerate(text.splitlines(), 1) if PROBE.search(line)]
     assert not hits, "a reducer probed for parts the contract should state:\n" + "\n".join(hits)
 
 
@@ -128,15 +118,9 @@ def test_private_hvdp_attributes_stay_in_the_module_that_owns_them():
     """Each private ``_hvdp...`` attribute (state on a user's object, a marker on an exception or
     a class) is written and read in one module; every other module asks that module."""
     where = {}
-    for top in ("hvdp", "adapters"):
-        for folder, dirs, files in os.walk(os.path.join(ROOT, top)):
-            dirs[:] = [d for d in dirs if d != "__pycache__"]
-            for f in files:
-                if f.endswith(".py"):
-                    path = os.path.join(folder, f)
-                    with open(path, encoding="utf-8") as fh:
-                        for name in set(MARKER.findall(fh.read())):
-                            where.setdefault(name, set()).add(os.path.relpath(path, ROOT))
+    for path, text in sources():
+        for name in set(MARKER.findall(text)):
+            where.setdefault(name, set()).add(path)
     spread = {name: sorted(paths) for name, paths in where.items() if len(paths) > 1}
     assert where, "no _hvdp attribute found: the pattern is broken"
     assert not spread, f"private attributes named in more than one module: {spread}"
