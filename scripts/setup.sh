@@ -87,6 +87,18 @@ if [[ ! -f "$ENV_DIR/.ray-$RAY_VERSION" ]]; then
         say "ray not installed (test_ray.py will skip)"
     fi
 fi
+# Test-only extras on their own marker (as Ray): Lightning (hvdp.lightning's tests), Hypothesis
+# (the codecs' random-input tests). torch stays the pinned one (pip keeps what satisfies them).
+EXTRAS=(lightning==2.6.6 hypothesis==6.170.17)
+EXTRAS_KEY=$(printf '%s\n' "${EXTRAS[@]}" | sha256sum | cut -c1-12)
+if [[ ! -f "$ENV_DIR/.extras-$EXTRAS_KEY" ]]; then
+    say "installing ${EXTRAS[*]}"
+    if quiet "$ENV_DIR/bin/pip" install --quiet "${EXTRAS[@]}"; then
+        touch "$ENV_DIR/.extras-$EXTRAS_KEY"
+    else
+        say "test extras not installed (the tests that need them will skip)"
+    fi
+fi
 flock -u 9
 
 # --- 3. the clone's .venv -----------------------------------------------------------------------
