@@ -16,7 +16,7 @@ Example::
 import keras
 
 from hvdp.codecs.auto import Auto
-from hvdp.outer import OuterLoop, OuterSettings
+from hvdp.outer import HIERARCHICAL_REFUSAL, OuterLoop, OuterSettings
 from hvdp.outer.loop import split
 from hvdp.reduce.engine import Engine
 from hvdp.reduce.settings import ReduceSettings, is_low_rank
@@ -109,7 +109,7 @@ class _Outer:
 
 
 def OuterOptimizer(optimizer, sync_every=None, outer_lr=0.7, outer_momentum=0.9, nesterov=True, compression="none",
-                   fragments=1, delay=0, mix=0.0, policy=None, buffers=None, process_set=None):
+                   fragments=1, delay=0, mix=0.0, policy=None, buffers=None, hierarchical=False, process_set=None):
     """Outer steps around a Keras optimizer (DiLoCo; local SGD with ``outer_lr=1, outer_momentum=0``).
 
     Args:
@@ -121,6 +121,7 @@ def OuterOptimizer(optimizer, sync_every=None, outer_lr=0.7, outer_momentum=0.9,
         policy: an ``hvdp.CompressionPolicy``.
         buffers: float variables averaged at the first fragment's syncs (batch-norm statistics:
             ``[v for v in model.non_trainable_variables]``).
+        hierarchical: refused (True): outer steps reduce over every rank at once.
 
     Example::
 
@@ -128,6 +129,8 @@ def OuterOptimizer(optimizer, sync_every=None, outer_lr=0.7, outer_momentum=0.9,
     """
     if sync_every is None:
         raise ValueError("hvd.OuterOptimizer needs sync_every=H, the inner steps between syncs (e.g. 8)")
+    if hierarchical:
+        raise ValueError(HIERARCHICAL_REFUSAL)
     if outer_of(optimizer) is not None or state_of(optimizer) is not None:
         raise ValueError("this optimizer already is an hvd.OuterOptimizer or an hvd.DistributedOptimizer: "
                          "wrap the plain Keras optimizer in one of them")

@@ -13,7 +13,7 @@ import horovod.torch as _hvd
 import torch
 
 from hvdp.codecs.auto import Auto
-from hvdp.outer import OuterLoop, OuterSettings
+from hvdp.outer import HIERARCHICAL_REFUSAL, OuterLoop, OuterSettings
 from hvdp.outer.loop import split
 from hvdp.reduce.engine import Engine
 from hvdp.reduce.settings import ReduceSettings, is_low_rank
@@ -61,6 +61,8 @@ class _OuterOptimizer(torch.optim.Optimizer):
         if self.outer is None:
             self.outer = OuterLoop(self._outer_settings, _OPS, self.engines, self._fragments,
                                    [p.detach() for p in self._params])
+        if self.outer.warming_up:
+            self._average_gradients()
         loss = super(self.__class__, self).step(closure)
         with torch.no_grad(), REPORTER.explaining():
             landed = self.outer.after_step([p.detach() for p in self._params])
@@ -69,6 +71,15 @@ class _OuterOptimizer(torch.optim.Optimizer):
             if landed and self._buffers and 0 in {self._fragment_of(i) for i, _ in landed}:
                 self._average_buffers()
         return loss
+
+    @torch.no_grad()
+    def _average_gradients(self):
+        """A synchronous warm-up step: every gradient averaged over the ranks (float32, no codec)."""
+        held = [(i, p.grad) for i, p in enumerate(self._params) if p.grad is not None]
+        handles = [_hvd.allreduce_async_(g, name=f"hvdp.outer.warmup.{i}", op=_hvd.Average,
+                                         process_set=self._process_set) for i, g in held]
+        for h in handles:
+            _hvd.synchronize(h)
 
     def _fragment_of(self, i):
         return next(f for f, idx in enumerate(self._fragments) if i in idx)
@@ -119,8 +130,8 @@ class _OuterOptimizer(torch.optim.Optimizer):
 
 
 def OuterOptimizer(optimizer, named_parameters=None, sync_every=None, outer_lr=0.7, outer_momentum=0.9,
-                   nesterov=True, compression="none", fragments=1, delay=0, mix=0.0, policy=None,
-                   buffers=None, process_set=_hvd.global_process_set):
+                   nesterov=True, compression="none", fragments=1, delay=0, mix=0.0, warmup_steps=0, policy=None,
+                   buffers=None, hierarchical=False, process_set=_hvd.global_process_set):
     """Outer steps around ``optimizer`` (DiLoCo; local SGD with ``outer_lr=1, outer_momentum=0``).
 
     Args:
@@ -131,8 +142,11 @@ def OuterOptimizer(optimizer, named_parameters=None, sync_every=None, outer_lr=0
         compression: the pseudo-gradient's codec: "none", "fp16", "bf16", "int8", "int4", "topk"
             (error feedback carried from one outer step to the next).
         fragments, delay, mix: streaming (``hvdp.outer.OuterSettings``).
+        warmup_steps: W synchronous steps first (the gradients averaged before each inner step,
+            as ``start_localSGD_iter`` of PyTorch's post-local SGD); the intervals start after them.
         policy: an ``hvdp.CompressionPolicy`` (which tensors are compressed).
         buffers: ``model.named_buffers()``: float buffers averaged at the first fragment's syncs.
+        hierarchical: refused (True): outer steps reduce over every rank at once.
 
     Example::
 
@@ -140,7 +154,9 @@ def OuterOptimizer(optimizer, named_parameters=None, sync_every=None, outer_lr=0
     """
     if sync_every is None:
         raise ValueError("hvd.OuterOptimizer needs sync_every=H, the inner steps between syncs (e.g. 8)")
-    outer = OuterSettings(sync_every, outer_lr, outer_momentum, nesterov, fragments, delay, mix)
+    if hierarchical:
+        raise ValueError(HIERARCHICAL_REFUSAL)
+    outer = OuterSettings(sync_every, outer_lr, outer_momentum, nesterov, fragments, delay, mix, warmup_steps)
     codec, hvd_compressor = resolve(compression)
     if codec is None or is_low_rank(codec) or isinstance(codec, Auto):
         raise ValueError(f"hvd.OuterOptimizer reduces pseudo-gradients with hvdp's codecs: compression="

@@ -11,6 +11,6 @@ moves the global parameters, from which every worker continues.
   adapter calls after every inner step.
 """
 from .loop import OuterLoop
-from .settings import OuterSettings
+from .settings import HIERARCHICAL_REFUSAL, OuterSettings
 
-__all__ = ["OuterLoop", "OuterSettings"]
+__all__ = ["HIERARCHICAL_REFUSAL", "OuterLoop", "OuterSettings"]

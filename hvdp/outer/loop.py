@@ -75,7 +75,8 @@ class OuterLoop:
         # internal state: the global parameters, the outer optimizer's momentum, the inner step
         self.globals: List[Array] = [self._copy(p) for p in params]
         self.momentum: List[Optional[Array]] = [None] * len(params)
-        self.step = 0
+        self.step = 0  # inner steps since the warm-up
+        self.warm = 0  # warm-up steps taken
         self.outer_steps = [0] * len(fragments)
         self._inflight: Dict[int, Tuple[int, Any]] = {}  # fragment -> (step it lands, submitted)
 
@@ -91,9 +92,20 @@ class OuterLoop:
     def in_flight(self) -> bool:
         return bool(self._inflight)
 
+    @property
+    def warming_up(self) -> bool:
+        """Whether the next inner step is a synchronous warm-up step (the adapter averages its
+        gradients first)."""
+        return self.warm < self.settings.warmup
+
     def after_step(self, params: Sequence[Array]) -> List[Tuple[int, Array]]:
         """After an inner step: start the syncs due now, advance and land those in flight.
         -> ``(index, new value)`` of every parameter to write back (most steps: none)."""
+        if self.warming_up:  # a synchronous step (every rank the same): nothing to reduce
+            self.warm += 1
+            if not self.warming_up:  # the first interval starts from here
+                self.globals = [self._copy(p) for p in params]
+            return []
         self.step += 1
         out: List[Tuple[int, Array]] = []
         for f, (lands, _) in sorted(self._inflight.items()):
@@ -145,8 +157,8 @@ class OuterLoop:
             raise RuntimeError(f"outer steps: fragment(s) {sorted(self._inflight)} are being reduced (delay="
                                f"{self.settings.delay}); save the checkpoint at a step where none is in "
                                "flight (OuterLoop.in_flight is False)")
-        return {"settings": self.settings.describe(), "step": self.step, "outer_steps": list(self.outer_steps),
-                "globals": list(self.globals), "momentum": list(self.momentum),
+        return {"settings": self.settings.describe(), "step": self.step, "warm": self.warm,
+                "outer_steps": list(self.outer_steps), "globals": list(self.globals), "momentum": list(self.momentum),
                 "engines": [e.state() for e in self.engines]}
 
     def load_state(self, state: dict) -> None:
@@ -159,6 +171,7 @@ class OuterLoop:
                              f"{len(self.globals)}")
         self._inflight.clear()
         self.step = int(state["step"])
+        self.warm = int(state.get("warm", self.settings.warmup))
         self.outer_steps = list(state["outer_steps"])
         self.globals = [self._copy(g) for g in state["globals"]]
         self.momentum = [None if m is None else self._copy(m) for m in state["momentum"]]

@@ -9,6 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+HIERARCHICAL_REFUSAL = (
+    "hvd.OuterOptimizer(hierarchical=True): outer steps do not combine with the two-level reduction yet "
+    "(every step inside a node, outer steps across nodes): each sync reduces over every rank at once. "
+    "Fix: drop hierarchical=True (a sync's bytes are already 1/sync_every of a per-step exchange's), or "
+    "use hvd.DistributedOptimizer(..., hierarchical=True) to reduce every step in two levels")
+
 
 @dataclass(frozen=True)
 class OuterSettings:
@@ -26,6 +32,10 @@ class OuterSettings:
         mix: alpha, where a fragment lands after ``delay`` steps: the worker keeps
             ``mix * local + (1 - mix) * global`` (0: the global parameters replace the tau local
             steps made meanwhile; the ranks are then identical again).
+        warmup: W, synchronous steps first (as ``start_localSGD_iter`` of PyTorch's post-local
+            SGD): for W inner steps the adapter averages the gradients before the inner step, so
+            every rank takes the same step; the first interval starts after them, from the
+            parameters they reached.
     """
 
     sync_every: int
@@ -35,6 +45,7 @@ class OuterSettings:
     fragments: int = 1
     delay: int = 0
     mix: float = 0.0
+    warmup: int = 0
 
     def __post_init__(self):
         def whole(name, v, lo):
@@ -43,6 +54,7 @@ class OuterSettings:
         whole("sync_every", self.sync_every, 1)
         whole("fragments", self.fragments, 1)
         whole("delay", self.delay, 0)
+        whole("warmup", self.warmup, 0)
         if self.fragments > self.sync_every:
             raise ValueError(f"fragments={self.fragments} is more than sync_every={self.sync_every}: each "
                              "fragment syncs at its own inner step of the interval; use fragments <= sync_every")
@@ -66,4 +78,4 @@ class OuterSettings:
     def describe(self) -> str:
         """One line for the ranks-agree check and ``compression_stats()``."""
         return (f"H={self.sync_every} lr={self.lr:g} momentum={self.momentum:g} nesterov={self.nesterov} "
-                f"K={self.fragments} tau={self.delay} mix={self.mix:g}")
+                f"K={self.fragments} tau={self.delay} mix={self.mix:g}" + (f" W={self.warmup}" if self.warmup else ""))

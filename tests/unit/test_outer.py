@@ -54,7 +54,11 @@ def reference(settings, steps, start, ranks):
     glob = [p.astype(np.float64) for p in start]
     mom = [None] * len(SHAPES)
     flight = {}  # fragment -> (lands at, averaged pseudo-gradient)
-    for s in range(1, steps + 1):
+    for _ in range(settings.warmup):  # synchronous: every rank steps on the averaged gradient
+        g = [np.mean(gs, axis=0) for gs in zip(*(grads(local[0], x, y) for x, y in ranks))]
+        local = [[p - INNER_LR * gi for p, gi in zip(local[0], g)] for _ in ranks]
+    glob = [p.copy() for p in local[0]]
+    for s in range(1, steps - settings.warmup + 1):
         for r, (x, y) in enumerate(ranks):
             local[r] = [p - INNER_LR * g for p, g in zip(local[r], grads(local[r], x, y))]
         due = [f for f, (at, _) in flight.items() if at == s]
@@ -105,7 +109,11 @@ def run(settings, steps, codec="none", seed=0, stop_at=None, resume=None):
                 loop.load_state(resume[1][r]["loop"])
             for s in range(first, steps + 1):
                 x, y = ranks[r]
-                params = [p - np.float32(INNER_LR) * g for p, g in zip(params, grads(params, x, y))]
+                if loop.warming_up:  # the adapter's gradient average (float32, every rank's data)
+                    g = [np.mean(gs, axis=0, dtype=np.float32) for gs in zip(*(grads(params, *d) for d in ranks))]
+                else:
+                    g = grads(params, x, y)
+                params = [p - np.float32(INNER_LR) * gi for p, gi in zip(params, g)]
                 landed = loop.after_step(params)
                 for i, v in landed:
                     params[i] = v
@@ -135,6 +143,7 @@ CASES = {
     "averaging_h5": OuterSettings(sync_every=5, lr=1.0, momentum=0.0, nesterov=False),
     "streaming_k2_tau1": OuterSettings(sync_every=4, fragments=2, delay=1),
     "streaming_k2_tau2_mix": OuterSettings(sync_every=6, fragments=2, delay=2, mix=0.5),
+    "diloco_h4_warmup5": OuterSettings(sync_every=4, warmup=5),
 }
 
 
@@ -179,10 +188,12 @@ def test_compressed_pseudo_gradients_keep_ranks_identical_and_near_the_reference
     assert err > err_none, "the codec made no difference: was it applied?"
 
 
-def test_checkpoint_mid_interval_resumes_to_the_same_bits():
-    settings = OuterSettings(sync_every=4)
-    straight, _, saved = run(settings, 20, codec="int8", stop_at=10)
-    resumed, _, _ = run(settings, 20, codec="int8", resume=(10, saved))
+@pytest.mark.parametrize("stop_at", [3, 10])  # inside the warm-up, inside an interval
+def test_checkpoint_mid_interval_resumes_to_the_same_bits(stop_at):
+    settings = OuterSettings(sync_every=4, warmup=5)
+    straight, _, saved = run(settings, 20, codec="int8", stop_at=stop_at)
+    assert saved[0]["loop"]["warm"] == min(stop_at, 5)
+    resumed, _, _ = run(settings, 20, codec="int8", resume=(stop_at, saved))
     for r in range(P):
         for a, b in zip(straight[r], resumed[r]):
             assert np.array_equal(a, b)
@@ -208,6 +219,7 @@ def test_a_fragment_in_flight_cannot_be_saved_and_settings_must_match():
     ({"sync_every": 4, "momentum": 1.0}, r"momentum must be in \[0, 1\)"),
     ({"sync_every": 4, "momentum": 0.0}, "nesterov=True needs momentum > 0"),
     ({"sync_every": 4, "mix": 1.0}, r"mix must be in \[0, 1\)"),
+    ({"sync_every": 4, "warmup": -1}, "warmup must be an integer >= 0"),
 ])
 def test_settings_refuse_what_cannot_work(kwargs, match):
     with pytest.raises(ValueError, match=match):

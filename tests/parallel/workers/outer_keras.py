@@ -105,7 +105,8 @@ def check_custom_loop():
 
 def check_refusals():
     for kwargs, text in (({}, "needs sync_every=H"), ({"sync_every": 4, "compression": "powersgd"}, "not one here"),
-                         ({"sync_every": 4, "fragments": 5}, "more than sync_every")):
+                         ({"sync_every": 4, "fragments": 5}, "more than sync_every"),
+                         ({"sync_every": 4, "hierarchical": True}, "do not combine with the two-level reduction")):
         try:
             hvd.OuterOptimizer(keras.optimizers.SGD(0.1), **kwargs)
         except ValueError as e:

@@ -89,20 +89,32 @@ def check_ranks_identical_int8():
         print(f"outer int8 H=4: {per_step:.0f} B per inner step vs {fp32:.0f} B for float32 data parallelism")
 
 
+class torch_group:
+    """torch.distributed's Gloo group over the same ranks, for the peer's implementation."""
+
+    def __enter__(self):
+        import torch.distributed as dist
+        port = None
+        if hvd.rank() == 0:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+        port = hvd.broadcast_object(port, 0, name="outer.port")
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=hvd.rank(),
+                                world_size=hvd.size())
+        return dist
+
+    def __exit__(self, *exc):
+        import torch.distributed as dist
+        dist.destroy_process_group()
+
+
 def check_post_local_sgd():
     """Outer lr 1 without momentum against PyTorch's PostLocalSGDOptimizer + PeriodicModelAverager
     (its averager at every 4th call: warmup_steps=3) on the same model and data."""
-    import torch.distributed as dist
     from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
     from torch.distributed.optim import PostLocalSGDOptimizer
-    port = None
-    if hvd.rank() == 0:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-    port = hvd.broadcast_object(port, 0, name="outer.port")
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=hvd.rank(), world_size=hvd.size())
-    try:
+    with torch_group():
         model, x, y = model_and_data()
         theirs = copy.deepcopy(model)
         opt = hvd.OuterOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
@@ -117,8 +129,38 @@ def check_post_local_sgd():
                 torch.nn.functional.cross_entropy(m(bx), by).backward()
                 o.step()
         close(model, theirs, 1e-5)
-    finally:
-        dist.destroy_process_group()
+
+
+def check_warmup_post_local_sgd():
+    """warmup_steps=W: W synchronous steps, then averaging every 4th step, against DDP with
+    post_localSGD_hook(start_localSGD_iter=W) (gradients averaged for W steps; a subgroup of one
+    rank after them, as two nodes) + PostLocalSGDOptimizer's averager at the same steps."""
+    from torch.distributed.algorithms.ddp_comm_hooks import post_localSGD_hook as pls
+    from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
+    from torch.distributed.optim import PostLocalSGDOptimizer
+    W = 5
+    with torch_group() as dist:
+        model, x, y = model_and_data()
+        theirs = copy.deepcopy(model)
+        opt = hvd.OuterOptimizer(torch.optim.AdamW(model.parameters(), lr=1e-2),
+                                 named_parameters=model.named_parameters(), sync_every=4, outer_lr=1.0,
+                                 outer_momentum=0.0, nesterov=False, warmup_steps=W)
+        own, _ = dist.new_subgroups(group_size=1)
+        ddp = torch.nn.parallel.DistributedDataParallel(theirs, broadcast_buffers=False)
+        ddp.register_comm_hook(pls.PostLocalSGDState(process_group=None, subgroup=own, start_localSGD_iter=W),
+                               pls.post_localSGD_hook)
+        local = PostLocalSGDOptimizer(torch.optim.AdamW(theirs.parameters(), lr=1e-2),
+                                      PeriodicModelAverager(period=4, warmup_steps=W + 3))
+        for s in range(STEPS):
+            for m, o in ((model, opt), (ddp, local)):
+                bx, by = batch(x, y, s)
+                o.zero_grad()
+                torch.nn.functional.cross_entropy(m(bx), by).backward()
+                o.step()
+            if s == W - 1:  # the warm-up keeps every rank the same
+                same_on_every_rank(model, s + 1)
+        close(model, theirs, 2e-5)
+        assert opt.outer.warm == W and opt.outer.step == STEPS - W
 
 
 def check_checkpoint_mid_interval():
@@ -173,7 +215,8 @@ def check_save_checkpoint():
 def check_refusals():
     model, _, _ = model_and_data()
     for kwargs, text in (({}, "needs sync_every=H"), ({"sync_every": 4, "compression": "powersgd"}, "not one here"),
-                         ({"sync_every": 4, "delay": 4}, "must be below sync_every")):
+                         ({"sync_every": 4, "delay": 4}, "must be below sync_every"),
+                         ({"sync_every": 4, "hierarchical": True}, "do not combine with the two-level reduction")):
         try:
             hvd.OuterOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), **kwargs)
         except ValueError as e:
