@@ -37,12 +37,19 @@ def is_distributed(optimizer) -> bool:
     return getattr(type(optimizer), "_hvdp_distributed", False)
 
 
+def _made(optimizer) -> type:
+    """The class DistributedOptimizer made for ``optimizer``: ``super()`` starts above it even for
+    an instance of a subclass of it (Lightning's LightningOptimizer is one: with
+    ``super(self.__class__, self)`` its ``zero_grad`` recursed without end)."""
+    return next(c for c in type(optimizer).__mro__ if c.__dict__.get("_hvdp_distributed"))
+
+
 class _DistributedOptimizer(torch.optim.Optimizer):
     _hvdp_distributed = True
 
     def __init__(self, params, named_parameters, settings, hvd_compressor, groups, process_set,
                  compile_codecs=False):
-        super(self.__class__, self).__init__(params)
+        super(_made(self), self).__init__(params)
         comm = TorchCollectives(process_set, scope=f"hvdp.opt{settings.instance}.")
         self._comm, self._groups_arg = comm, groups
         self._all_names = {id(p): k for k, p in named(self.param_groups, named_parameters)}
@@ -233,14 +240,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                               "again; wrap the step in `with optimizer.skip_synchronize():`")
             self.synchronize()
         self._synchronized = False
-        return super(self.__class__, self).step(closure)
+        return super(_made(self), self).step(closure)
 
     def zero_grad(self, set_to_none=True):
         if self._handles or self.engine.in_flight:
             raise AssertionError("optimizer.zero_grad() between loss.backward() and optimizer.step() "
                                  "(or synchronize()) would race with the gradient reduction; call it "
                                  "before backward or after step")
-        return super(self.__class__, self).zero_grad(set_to_none=set_to_none)
+        return super(_made(self), self).zero_grad(set_to_none=set_to_none)
 
     # --- hvdp additions ---------------------------------------------------------------------
     def check_agreement(self):
@@ -254,14 +261,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return self.engine.summary()
 
     def state_dict(self):
-        sd = super(self.__class__, self).state_dict()
+        sd = super(_made(self), self).state_dict()
         sd["hvdp"] = self.engine.state()
         return sd
 
     def load_state_dict(self, state_dict):
         state_dict = dict(state_dict)
         extra = state_dict.pop("hvdp", None)
-        super(self.__class__, self).load_state_dict(state_dict)
+        super(_made(self), self).load_state_dict(state_dict)
         self.engine.load_state(extra)
 
 

@@ -118,6 +118,8 @@ PUBLIC = {
     "hvdp.keras.elastic": ["CommitStateCallback", "ElasticSampler", "KerasState", "ObjectState",
                            "TensorFlowKerasState", "UpdateBatchStateCallback", "UpdateEpochStateCallback", "run"],
 }
+if importlib.util.find_spec("lightning") is not None:  # hvdp.lightning needs Lightning (the [lightning] extra)
+    PUBLIC["hvdp.lightning"] = ["HorovodEnvironment", "HorovodStrategy"]
 
 
 @pytest.mark.skipif(importlib.util.find_spec("horovod") is None or importlib.util.find_spec("torch") is None

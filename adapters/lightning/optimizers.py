@@ -1,0 +1,47 @@
+"""The LightningModule's optimizers made hvdp ``DistributedOptimizer`` s, with their schedulers
+pointed at the new objects."""
+import functools
+from typing import Any, List
+
+import hvdp.torch as hvd
+import torch
+
+
+def wrap_optimizers(module: torch.nn.Module, optimizers: List[torch.optim.Optimizer], scheduler_configs: list,
+                    backward_passes: int, kwargs: dict) -> List[torch.optim.Optimizer]:
+    """One ``hvd.DistributedOptimizer`` per optimizer, each knowing its parameters' names."""
+    names = {p: n for n, p in module.named_parameters()}
+    owner = {}
+    for i, opt in enumerate(optimizers):
+        for p in (q for g in opt.param_groups for q in g["params"]):
+            if p in owner and owner[p] != i:
+                raise ValueError(f"HorovodStrategy: parameter {names.get(p, '?')} is in optimizers {owner[p]} and "
+                                 f"{i}; its gradient would be averaged twice. Give each parameter to one optimizer")
+            owner[p] = i
+    wrapped = []
+    for i, opt in enumerate(optimizers):
+        named = [(names.get(p, f"opt{i}.param{j}"), p)
+                 for j, p in enumerate(q for g in opt.param_groups for q in g["params"])]
+        new = hvd.DistributedOptimizer(opt, named_parameters=named, backward_passes_per_step=backward_passes,
+                                       **kwargs)
+        for config in scheduler_configs:
+            if getattr(config.scheduler, "optimizer", None) is opt:
+                _rebind(config.scheduler, new)
+        wrapped.append(new)
+    return wrapped
+
+
+def _rebind(scheduler: Any, optimizer: torch.optim.Optimizer) -> None:
+    """The scheduler drives the wrapped optimizer (the same param_groups dicts, so learning rates
+    it sets reach the step either way); its step counter marks ``optimizer.step`` calls, as
+    torch's schedulers do for the optimizer they were built with."""
+    scheduler.optimizer = optimizer
+    step = optimizer.step
+
+    @functools.wraps(step)
+    def counted(*args, **kwargs):
+        optimizer._opt_called = True
+        return step(*args, **kwargs)
+
+    counted._wrapped_by_lr_sched = True
+    optimizer.step = counted
