@@ -12,6 +12,7 @@ from .functions import broadcast_optimizer_state
 from .tensors import broadcast_
 
 OPTIMIZERS = Registry()  # every hvdp DistributedOptimizer, in creation order
+OUTER = Registry()  # every hvd.OuterOptimizer, in creation order
 
 
 class StepControl:
@@ -39,15 +40,20 @@ class StepControl:
                                                  process_set=self._comm.process_set)
 
     def joined(self) -> bool:
+        return self.active() < self._comm.size
+
+    def active(self) -> int:
+        """How many ranks take part in this step (the size where none has joined)."""
         if self._joined is None:
             if self._comm.size <= 1:
-                self._joined = False
+                self._joined, self._active = False, self._comm.size
             else:
                 self.begin()
                 synchronize(self._handle, self._comm.scope + CONTROL_NAME)
                 self._handle = None
                 self._joined = someone_joined(self._flag.item(), self._comm.size)
-        return self._joined
+                self._active = int(round(self._flag.item()))
+        return self._active
 
     def end_step(self):
         if self._handle is not None:  # every active rank submitted it: wait for it here
@@ -88,12 +94,19 @@ def join(device: int = -1) -> int:
         device: where this rank makes its zero contributions (Horovod's argument); by default the
             CUDA device of the optimizers' parameters if they are on one, else the CPU.
 
+    ``hvd.OuterOptimizer``: the syncs after a join average over the ranks that took part, and
+    afterwards every rank gets the last rank's parameters and outer state (docs/outer-steps.md).
+
     Returns:
         the rank that joined last.
     """
-    opts = OPTIMIZERS.alive()
+    opts, outers = OPTIMIZERS.alive(), OUTER.alive()
     for opt in opts:
         why = opt.engine.join_refusal("torch")
+        if why is not None:
+            raise JoinRefused(why)
+    for opt in outers:
+        why = opt.join_refusal()
         if why is not None:
             raise JoinRefused(why)
     if device == -1:  # Horovod's default is the CPU; the zeros must be where the gradients are
@@ -104,4 +117,6 @@ def join(device: int = -1) -> int:
         comm = opt.engine.comm
         if comm.size > 1 and comm.process_set.process_set_id == 0:
             _sync_from(opt, last)
+    for opt in outers:
+        opt.sync_from(last)
     return last

@@ -20,10 +20,12 @@ from hvdp.reduce.settings import ReduceSettings, is_low_rank
 
 from .agreement import REPORTER, VERSIONS, allgather_fixed
 from .comm import TorchCollectives, next_instance
+from .join import OUTER, StepControl
 from .compression import resolve
 from .layout import agreement_entries, named
 from .ops import TorchOps
 from .plain import TorchPlain
+from .tensors import broadcast_
 
 _OPS = TorchOps()
 
@@ -43,6 +45,8 @@ class _OuterOptimizer(torch.optim.Optimizer):
         numels = [p.numel() for p in self._params]
         self._fragments = split(numels, outer.fragments)
         comm = TorchCollectives(process_set, scope=f"hvdp.outer{instance}.")
+        self._comm = comm
+        self._join = StepControl(comm)  # uneven inputs: how many ranks take part in a sync
         self.engines = []
         entries = agreement_entries(self.param_groups, self._names)
         for f, idx in enumerate(self._fragments):
@@ -55,12 +59,21 @@ class _OuterOptimizer(torch.optim.Optimizer):
             self.engines.append(eng)
         self.outer = None  # made at the first step, from the parameters as broadcast by then
         REPORTER.install()
+        OUTER.add(self)
+
+    def _new_loop(self):
+        return OuterLoop(self._outer_settings, _OPS, self.engines, self._fragments,
+                         [p.detach() for p in self._params], active=self._active)
+
+    def _active(self) -> int:
+        """The ranks taking part in the sync starting now (a joined rank adds a zero)."""
+        self._join.reset()
+        return self._join.active()
 
     def step(self, closure=None):
         """The inner step (the user's optimizer, local), then the outer loop's syncs due now."""
         if self.outer is None:
-            self.outer = OuterLoop(self._outer_settings, _OPS, self.engines, self._fragments,
-                                   [p.detach() for p in self._params])
+            self.outer = self._new_loop()
         if self.outer.warming_up:
             self._average_gradients()
         loss = super(self.__class__, self).step(closure)
@@ -86,11 +99,43 @@ class _OuterOptimizer(torch.optim.Optimizer):
 
     @torch.no_grad()
     def _average_buffers(self):
-        """Batch-norm statistics and other float buffers: averaged with the first fragment."""
-        handles = [_hvd.allreduce_async(b, name=f"hvdp.outer.buf.{k}", op=_hvd.Average,
+        """Batch-norm statistics and other float buffers: averaged with the first fragment (over
+        the ranks that took part in its sync)."""
+        handles = [_hvd.allreduce_async(b, name=f"hvdp.outer.buf.{k}", op=_hvd.Sum,
                                         process_set=self._process_set) for k, b in self._buffers]
+        n = self.outer.took_part[0]
         for (_, b), h in zip(self._buffers, handles):
-            b.copy_(_hvd.synchronize(h))
+            b.copy_(_hvd.synchronize(h) / n)
+
+    def join_refusal(self):
+        """Why ``hvd.join()`` cannot be answered now (None: it can): a fragment in flight, whose
+        second phase this rank would never send."""
+        if self.outer is not None and self.outer.in_flight:
+            return (f"hvd.join() was called while hvd.OuterOptimizer has a fragment in flight (delay="
+                    f"{self._outer_settings.delay}): its reduction needs this rank's next step. Fix: call "
+                    "hvd.join() at a step where opt.outer.in_flight is False, or use delay=0")
+        return None
+
+    @torch.no_grad()
+    def sync_from(self, root: int) -> None:
+        """After every rank joined: ``root``'s parameters and outer state (global parameters,
+        momentum, step counters) on every rank; residuals and the inner optimizer's state stay
+        each rank's own."""
+        if self._comm.size <= 1 or self._process_set.process_set_id != 0:
+            return
+        if self.outer is None:
+            self.outer = self._new_loop()
+        loop = self.outer
+        meta = _hvd.broadcast_object({"step": loop.step, "warm": loop.warm, "outer_steps": loop.outer_steps,
+                                      "momentum": [m is not None for m in loop.momentum]}, root,
+                                     name="hvdp.outer.join.meta")
+        loop.step, loop.warm, loop.outer_steps = meta["step"], meta["warm"], list(meta["outer_steps"])
+        loop.momentum = [(m if m is not None else torch.zeros_like(g)) if has else None
+                         for m, g, has in zip(loop.momentum, loop.globals, meta["momentum"])]
+        items = [(f"hvdp.outer.join.p{i}", p.data) for i, p in enumerate(self._params)]
+        items += [(f"hvdp.outer.join.g{i}", g) for i, g in enumerate(loop.globals)]
+        items += [(f"hvdp.outer.join.m{i}", m) for i, m in enumerate(loop.momentum) if m is not None]
+        broadcast_(items, root, self._process_set)
 
     def compression_stats(self) -> dict:
         """Each fragment's ``compression_stats()`` (per sync) and the bytes one worker sends per
@@ -120,8 +165,7 @@ class _OuterOptimizer(torch.optim.Optimizer):
         # the inner state is each rank's own (rank 0's in the shared part of a checkpoint)
         super(self.__class__, self).load_state_dict((mine or {}).get("inner") or state_dict)
         if outer is not None:
-            self.outer = OuterLoop(self._outer_settings, _OPS, self.engines, self._fragments,
-                                   [p.detach() for p in self._params])
+            self.outer = self._new_loop()
             self.outer.load_state(dict(outer, engines=(mine or {}).get("engines")))
             local = (mine or {}).get("local")  # None: a rank that did not save starts from the global ones
             with torch.no_grad():

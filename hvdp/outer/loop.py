@@ -23,7 +23,7 @@ Example::
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from .settings import OuterSettings
 
@@ -60,17 +60,22 @@ class OuterLoop:
         fragments: the tensor indices of each fragment (together every index once).
         params: the starting parameters, the same on every rank (broadcast first): the global
             parameters start as a float32 copy of them.
+        active: the number of ranks taking part in the sync starting now (uneven inputs: the
+            adapter's join control, a collective every active rank calls at each sync; a rank
+            that has called ``hvd.join()`` takes no part). None: every rank always. Where fewer
+            than all take part, the engine reduces in float32 (a joined rank adds zeros) and the
+            average is over the ranks that took part.
     """
 
     def __init__(self, settings: OuterSettings, ops, engines: Sequence[Any], fragments: Sequence[Sequence[int]],
-                 params: Sequence[Array]):
+                 params: Sequence[Array], active: Optional[Callable[[], int]] = None):
         if len(engines) != len(fragments) or len(fragments) != settings.fragments:
             raise ValueError(f"{settings.fragments} fragments need as many engines and index lists, got "
                              f"{len(engines)} and {len(fragments)}")
         every = sorted(i for f in fragments for i in f)
         if every != list(range(len(params))):
             raise ValueError("the fragments must hold every parameter index exactly once")
-        self.settings, self.ops = settings, ops
+        self.settings, self.ops, self._active = settings, ops, active
         self.engines, self.fragments = list(engines), [list(f) for f in fragments]
         # internal state: the global parameters, the outer optimizer's momentum, the inner step
         self.globals: List[Array] = [self._copy(p) for p in params]
@@ -78,7 +83,8 @@ class OuterLoop:
         self.step = 0  # inner steps since the warm-up
         self.warm = 0  # warm-up steps taken
         self.outer_steps = [0] * len(fragments)
-        self._inflight: Dict[int, Tuple[int, Any]] = {}  # fragment -> (step it lands, submitted)
+        self._inflight: Dict[int, Tuple[int, Any, int]] = {}  # fragment -> (lands at, submitted, took part)
+        self.took_part: List[int] = [0] * len(fragments)  # ranks in each fragment's last sync
 
     def _copy(self, x: Array) -> Array:
         return self.ops.cast(x, "float32") * 1.0  # a new float32 array (a cast may return x itself)
@@ -108,7 +114,7 @@ class OuterLoop:
             return []
         self.step += 1
         out: List[Tuple[int, Array]] = []
-        for f, (lands, _) in sorted(self._inflight.items()):
+        for f, (lands, _, _) in sorted(self._inflight.items()):
             if lands == self.step:
                 out += self._land(f, params)
             elif self.step == lands - self.settings.delay + 1:
@@ -122,16 +128,21 @@ class OuterLoop:
 
     def _start(self, f: int, params: Sequence[Array]) -> None:
         eng = self.engines[f]
+        size = eng.comm.size
+        n = self._active() if (self._active is not None and size > 1) else size
         deltas = [self.globals[i] - self.ops.cast(params[i], "float32") for i in self.fragments[f]]
         eng.begin_step(deltas[0] if deltas else None)
-        sub = eng.submit(deltas, compress=eng.compressing)
-        self._inflight[f] = (self.step + self.settings.delay, sub)
+        sub = eng.submit(deltas, compress=eng.compressing, joined=n < size)
+        self._inflight[f] = (self.step + self.settings.delay, sub, n)
 
     def _land(self, f: int, params: Sequence[Array]) -> List[Tuple[int, Array]]:
         s, ops, eng = self.settings, self.ops, self.engines[f]
-        _, sub = self._inflight.pop(f)
+        _, sub, n = self._inflight.pop(f)
         avg = eng.complete(sub)
         eng.end_step()
+        if n < eng.comm.size:  # Horovod's average with joined ranks' zeros: over those that took part
+            avg = [g * (eng.comm.size / n) for g in avg]
+        self.took_part[f] = n
         self.outer_steps[f] += 1
         out = []
         for i, g in zip(self.fragments[f], avg):

@@ -212,6 +212,60 @@ def check_save_checkpoint():
         assert torch.equal(p, q), "the resumed run differs from the uninterrupted one"
 
 
+def check_join():
+    """Uneven inputs: rank 1 stops after 10 steps (inside an interval of H = 4) and calls
+    hvd.join(); rank 0 goes on to 22. With codec none, rank 0's syncs after the join average its
+    own pseudo-gradient alone: equal (1e-6) to outer Nesterov SGD on it, computed here; with int8
+    (two-phase: reduced in float32 while a rank has joined), no crash or hang. After the join both
+    ranks hold the same parameters and outer state; a join with a fragment in flight is refused."""
+    import copy as _copy
+    for codec in ("none", "int8"):
+        model, x, y = model_and_data()
+        model.eval()  # no batch-norm statistics in the way: the reference below is the parameters'
+        opt = hvd.OuterOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
+                                 named_parameters=model.named_parameters(), sync_every=4, compression=codec,
+                                 policy=hvd.CompressionPolicy(min_elements=1))
+        mine = 10 if hvd.rank() == 1 else 22
+        train(model, opt, x, y, 10)
+        if hvd.rank() == 0:  # the reference from here: this rank alone, outer SGD lr 0.7, momentum 0.9, Nesterov
+            ref = _copy.deepcopy(model)
+            glob = [g.clone().reshape(p.shape) for g, p in zip(opt.outer.globals, ref.parameters())]
+            mom = [m.clone().reshape(p.shape) for m, p in zip(opt.outer.momentum, ref.parameters())]
+            for s in range(10, 22):
+                bx, by = batch(x, y, s)
+                ref.zero_grad()
+                torch.nn.functional.cross_entropy(ref(bx), by).backward()
+                with torch.no_grad():
+                    for p in ref.parameters():
+                        p -= 0.05 * p.grad
+                    if (s + 1) % 4 == 0:
+                        for i, p in enumerate(ref.parameters()):
+                            g = glob[i] - p
+                            mom[i] = 0.9 * mom[i] + g
+                            glob[i] = glob[i] - 0.7 * (g + 0.9 * mom[i])
+                            p.copy_(glob[i])
+        train(model, opt, x, y, mine, first=10)
+        last = hvd.join()
+        assert last == 0, last
+        same_on_every_rank(model, f"join.{codec}")
+        state = hvd.allgather_object([opt.outer.step, opt.outer.outer_steps,
+                                      [g.sum().item() for g in opt.outer.globals]], name=f"outer.join.state.{codec}")
+        assert state[0] == state[1], state
+        if codec == "none" and hvd.rank() == 0:
+            close(model, ref, 1e-6)
+    model, x, y = model_and_data()
+    opt = hvd.OuterOptimizer(torch.optim.SGD(model.parameters(), lr=0.05), named_parameters=model.named_parameters(),
+                             sync_every=4, fragments=2, delay=1)
+    train(model, opt, x, y, 4)  # fragment 0 synced at step 4, lands at 5: in flight
+    try:
+        hvd.join()
+    except RuntimeError as e:
+        assert "fragment in flight" in str(e), str(e)
+    else:
+        raise AssertionError("hvd.join() with a fragment in flight was accepted")
+    train(model, opt, x, y, 8, first=4)  # both ranks go on (the refusal came before Horovod's join)
+
+
 def check_refusals():
     model, _, _ = model_and_data()
     for kwargs, text in (({}, "needs sync_every=H"), ({"sync_every": 4, "compression": "powersgd"}, "not one here"),
