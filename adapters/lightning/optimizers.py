@@ -7,9 +7,10 @@ import hvdp.torch as hvd
 import torch
 
 
-def wrap_optimizers(module: torch.nn.Module, optimizers: List[torch.optim.Optimizer], scheduler_configs: list,
+def wrap_optimizers(module: torch.nn.Module, optimizers: List[torch.optim.Optimizer], schedulers: list,
                     backward_passes: int, kwargs: dict) -> List[torch.optim.Optimizer]:
-    """One ``hvd.DistributedOptimizer`` per optimizer, each knowing its parameters' names."""
+    """One ``hvd.DistributedOptimizer`` per optimizer, each knowing its parameters' names; the
+    ``schedulers`` built on one of ``optimizers`` drive its replacement."""
     names = {p: n for n, p in module.named_parameters()}
     owner = {}
     for i, opt in enumerate(optimizers):
@@ -24,9 +25,9 @@ def wrap_optimizers(module: torch.nn.Module, optimizers: List[torch.optim.Optimi
                  for j, p in enumerate(q for g in opt.param_groups for q in g["params"])]
         new = hvd.DistributedOptimizer(opt, named_parameters=named, backward_passes_per_step=backward_passes,
                                        **kwargs)
-        for config in scheduler_configs:
-            if getattr(config.scheduler, "optimizer", None) is opt:
-                _rebind(config.scheduler, new)
+        for scheduler in schedulers:
+            if getattr(scheduler, "optimizer", None) is opt:
+                _rebind(scheduler, new)
         wrapped.append(new)
     return wrapped
 

@@ -89,7 +89,7 @@ class HorovodStrategy(ParallelStrategy):
         self.accelerator.setup(trainer)
         self.model = self.precision_plugin.convert_module(self.model)
         self.model_to_device()
-        _refuse_sharded(self.lightning_module)
+        refuse_sharded(self.lightning_module)
         fitting = trainer.state.fn == TrainerFn.FITTING
         if fitting:
             self.setup_optimizers(trainer)
@@ -120,8 +120,8 @@ class HorovodStrategy(ParallelStrategy):
                     "discriminator) reduces those early and the next backward fails. Use one optimizer, "
                     "or make each backward reach only its optimizer's parameters (self.toggle_optimizer) "
                     "and pass HorovodStrategy(allow_manual_multi_optimizer=True)")
-        self.optimizers = wrap_optimizers(lm, self.optimizers, self.lr_scheduler_configs, passes,
-                                          self._optimizer_kwargs)
+        self.optimizers = wrap_optimizers(lm, self.optimizers, [c.scheduler for c in self.lr_scheduler_configs],
+                                          passes, self._optimizer_kwargs)
 
     # --- the step: reduce inside the closure, so clipping and unscaling see averaged gradients -
     def optimizer_step(self, optimizer, closure: Callable[[], Any], model=None, **kwargs: Any) -> Any:
@@ -169,7 +169,7 @@ class HorovodStrategy(ParallelStrategy):
         strategy_registry.register(cls.strategy_name, cls, description="hvdp's Horovod data parallelism")
 
 
-def _refuse_sharded(module: torch.nn.Module) -> None:
+def refuse_sharded(module: torch.nn.Module) -> None:
     """Model-parallel parameters (DTensor shards) cannot be averaged as whole tensors."""
     for name, p in module.named_parameters():
         if type(p.data).__name__ == "DTensor" or type(p).__name__ == "DTensor":

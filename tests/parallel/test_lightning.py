@@ -2,7 +2,8 @@
 every check in turn and reports each by name (tests/parallel/workers/lightning_checks.py): the
 Trainer's training equals hvdp.torch's plain loop (compression none and int8, gradient
 accumulation, bf16-mixed, manual optimization), a resumed run equals the uninterrupted one,
-metrics logged with sync_dist agree on the ranks, and what the strategy cannot do is refused."""
+metrics logged with sync_dist agree on the ranks, what the strategy cannot do is refused; and
+HorovodFabricStrategy's loop equals the plain one and resumes bit for bit."""
 import functools
 import os
 
@@ -14,7 +15,7 @@ pytest.importorskip("lightning")
 pytestmark = pytest.mark.parallel
 
 CHECKS = ["same_as_plain_none", "same_as_plain_int8", "accumulate", "bf16_mixed", "manual", "checkpoint_resume",
-          "metrics", "refusals"]
+          "metrics", "refusals", "fabric"]
 
 
 @functools.lru_cache(maxsize=None)

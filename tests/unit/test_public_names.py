@@ -119,7 +119,7 @@ PUBLIC = {
                            "TensorFlowKerasState", "UpdateBatchStateCallback", "UpdateEpochStateCallback", "run"],
 }
 if importlib.util.find_spec("lightning") is not None:  # hvdp.lightning needs Lightning (the [lightning] extra)
-    PUBLIC["hvdp.lightning"] = ["HorovodEnvironment", "HorovodStrategy"]
+    PUBLIC["hvdp.lightning"] = ["HorovodEnvironment", "HorovodFabricStrategy", "HorovodStrategy"]
 
 
 @pytest.mark.skipif(importlib.util.find_spec("horovod") is None or importlib.util.find_spec("torch") is None

@@ -13,7 +13,7 @@ import torch
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 import hvdp.torch as hvd
-from hvdp.lightning import HorovodStrategy
+from hvdp.lightning import HorovodFabricStrategy, HorovodStrategy
 
 N, BATCH, EPOCHS = 64, 8, 2
 warnings.filterwarnings("ignore", ".*does not have many workers.*")
@@ -209,6 +209,48 @@ def check_metrics():
     assert s.reduce_boolean_decision(hvd.rank() == 0, all=False) and not s.reduce_boolean_decision(hvd.rank() == 0)
     assert s.reduce(torch.tensor([hvd.rank()]), reduce_op="mean").item() == 0.5
     s.barrier()
+
+
+def fabric_run(epochs, first=0, path_in=None, path_out=None, **kw):
+    """Fabric's loop: int8 (every tensor compressed), the sampler Fabric inserts, optionally resumed
+    from ``path_in`` (at epoch ``first``) and saved to ``path_out`` at the end."""
+    from lightning.fabric import Fabric
+    fabric = Fabric(strategy=HorovodFabricStrategy(compression="int8", policy=hvd.CompressionPolicy(min_elements=1)),
+                    **kw)
+    fabric.launch()
+    model = net(3 * hvd.rank())  # rank 0: the plain loop's weights; the others differ until the broadcast
+    model, opt = fabric.setup(model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
+    data = fabric.setup_dataloaders(loader())
+    if path_in:
+        fabric.load(path_in, {"model": model, "optimizer": opt})
+    for _ in range(first):  # Fabric sets the sampler's epoch by counting the loader's iterations
+        next(iter(data))
+    for epoch in range(first, epochs):
+        for x, y in data:
+            opt.zero_grad()
+            fabric.backward(torch.nn.functional.cross_entropy(model(x), y))
+            opt.step()
+    if path_out:
+        fabric.save(path_out, {"model": model, "optimizer": opt})
+    return model.module if hasattr(model, "module") else model
+
+
+def check_fabric():
+    """Fabric: the plain loop's training (int8); a save after epoch 1 resumed to 2 = 2 uninterrupted."""
+    whole = fabric_run(EPOCHS)
+    same_on_ranks(whole, "fabric")
+    err = max_diff(whole, plain("int8", policy=hvd.CompressionPolicy(min_elements=1), schedule=False))
+    assert err <= 1e-6, f"Fabric vs plain loop (int8): {err:.3g}"
+    folder = hvd.broadcast_object(tempfile.mkdtemp(prefix="hvdp-lf-") if hvd.rank() == 0 else None,
+                                  root_rank=0, name="lf.dir")
+    path = os.path.join(folder, "one.pt")
+    fabric_run(1, path_out=path)
+    assert len(torch.load(path, weights_only=True)["optimizer"]["hvdp_per_rank"]) == 2
+    resumed = fabric_run(EPOCHS, first=1, path_in=path)
+    err = max_diff(resumed, whole)
+    assert err == 0.0, f"Fabric resumed vs uninterrupted: {err:.3g}"
+    from lightning.fabric import Fabric
+    assert isinstance(Fabric(strategy="hvdp").strategy, HorovodFabricStrategy)
 
 
 def expect_refusal(make, words):
