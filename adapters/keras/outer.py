@@ -17,7 +17,7 @@ import keras
 
 from hvdp.codecs.auto import Auto
 from hvdp.outer import HIERARCHICAL_REFUSAL, OuterLoop, OuterSettings
-from hvdp.outer.loop import split
+from hvdp.outer.loop import split, stats
 from hvdp.reduce.engine import Engine
 from hvdp.reduce.settings import ReduceSettings, is_low_rank
 
@@ -78,12 +78,7 @@ class KerasOuter:
 
     def compression_stats(self) -> dict:
         """Each fragment's statistics per sync and the bytes one worker sends per inner step."""
-        frags = [eng.summary() for eng in self.engines]
-        per_sync = sum(f["total"]["all"]["sent"] / max(f["steps"], 1) for f in frags)
-        fp32 = sum(f["total"]["all"]["fp32"] / max(f["steps"], 1) for f in frags)
-        return {"outer": self.settings.describe(), "fragments": frags,
-                "sent_per_inner_step": per_sync / self.settings.sync_every,
-                "fp32_per_step_of_data_parallelism": fp32}
+        return stats(self.settings, self.engines, self.loop)
 
 
 class _Outer:
@@ -114,7 +109,8 @@ def OuterOptimizer(optimizer, sync_every=None, outer_lr=0.7, outer_momentum=0.9,
 
     Args:
         optimizer: the inner optimizer (its state stays local to each worker).
-        sync_every: H, inner steps between syncs (required).
+        sync_every: H, inner steps between syncs (required); ``"auto"``: chosen after a probe of
+            6 inner steps from the measured step and exchange (``hvdp.outer.auto``).
         outer_lr, outer_momentum, nesterov: the outer SGD on the averaged pseudo-gradient.
         compression: the pseudo-gradient's codec: "none", "fp16", "bf16", "int8", "int4", "topk".
         fragments, delay, mix: streaming (``hvdp.outer.OuterSettings``).

@@ -14,7 +14,7 @@ import torch
 
 from hvdp.codecs.auto import Auto
 from hvdp.outer import HIERARCHICAL_REFUSAL, OuterLoop, OuterSettings
-from hvdp.outer.loop import split
+from hvdp.outer.loop import split, stats
 from hvdp.reduce.engine import Engine
 from hvdp.reduce.settings import ReduceSettings, is_low_rank
 
@@ -140,12 +140,7 @@ class _OuterOptimizer(torch.optim.Optimizer):
     def compression_stats(self) -> dict:
         """Each fragment's ``compression_stats()`` (per sync) and the bytes one worker sends per
         inner step: every fragment's mean bytes per sync, divided by H."""
-        frags = [eng.summary() for eng in self.engines]
-        per_sync = sum(f["total"]["all"]["sent"] / max(f["steps"], 1) for f in frags)
-        fp32 = sum(f["total"]["all"]["fp32"] / max(f["steps"], 1) for f in frags)
-        h = self._outer_settings.sync_every
-        return {"outer": self._outer_settings.describe(), "fragments": frags,
-                "sent_per_inner_step": per_sync / h, "fp32_per_step_of_data_parallelism": fp32}
+        return stats(self._outer_settings, self.engines, self.outer)
 
     def state_dict(self):
         """The inner optimizer's state, the outer loop's (``hvdp_outer``: the same on every rank)
@@ -181,7 +176,8 @@ def OuterOptimizer(optimizer, named_parameters=None, sync_every=None, outer_lr=0
     Args:
         optimizer: the inner optimizer (its state stays local to each worker).
         named_parameters: ``model.named_parameters()``, as for ``hvd.DistributedOptimizer``.
-        sync_every: H, inner steps between syncs (required).
+        sync_every: H, inner steps between syncs (required); ``"auto"``: chosen after a probe of
+            6 inner steps from the measured step and exchange (``hvdp.outer.auto``).
         outer_lr, outer_momentum, nesterov: the outer SGD on the averaged pseudo-gradient.
         compression: the pseudo-gradient's codec: "none", "fp16", "bf16", "int8", "int4", "topk"
             (error feedback carried from one outer step to the next).

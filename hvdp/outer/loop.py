@@ -23,8 +23,12 @@ Example::
 """
 from __future__ import annotations
 
+import dataclasses
+import statistics
+import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+from . import auto
 from .settings import OuterSettings
 
 Array = Any
@@ -49,6 +53,22 @@ def split(numels: Sequence[int], k: int) -> List[List[int]]:
     return out
 
 
+def stats(settings: OuterSettings, engines: Sequence[Any], loop: Optional["OuterLoop"] = None) -> dict:
+    """An outer-step optimizer's ``compression_stats()``: each fragment's engine summary (per
+    sync), the bytes one worker sends per inner step (every fragment's mean bytes per sync over
+    H), beside float32 data parallelism's per step; with ``sync_every="auto"``, what it chose
+    (``sync_every_auto``; None while probing)."""
+    frags = [eng.summary() for eng in engines]
+    per_sync = sum(f["total"]["all"]["sent"] / max(f["steps"], 1) for f in frags)
+    fp32 = sum(f["total"]["all"]["fp32"] / max(f["steps"], 1) for f in frags)
+    h = loop.sync_every if loop is not None else (None if settings.auto else settings.sync_every)
+    out = {"outer": settings.describe(), "fragments": frags, "sync_every": h,
+           "sent_per_inner_step": per_sync / h if h else None, "fp32_per_step_of_data_parallelism": fp32}
+    if settings.auto:
+        out["sync_every_auto"] = loop.auto if loop is not None else None
+    return out
+
+
 class OuterLoop:
     """Outer steps over parameters split in fragments (see the module's docstring).
 
@@ -65,17 +85,23 @@ class OuterLoop:
             that has called ``hvd.join()`` takes no part). None: every rank always. Where fewer
             than all take part, the engine reduces in float32 (a joined rank adds zeros) and the
             average is over the ranks that took part.
+        clock: seconds (``sync_every="auto"`` times its probe with it; tests pass their own).
     """
 
     def __init__(self, settings: OuterSettings, ops, engines: Sequence[Any], fragments: Sequence[Sequence[int]],
-                 params: Sequence[Array], active: Optional[Callable[[], int]] = None):
+                 params: Sequence[Array], active: Optional[Callable[[], int]] = None,
+                 clock: Callable[[], float] = time.perf_counter):
         if len(engines) != len(fragments) or len(fragments) != settings.fragments:
             raise ValueError(f"{settings.fragments} fragments need as many engines and index lists, got "
                              f"{len(engines)} and {len(fragments)}")
         every = sorted(i for f in fragments for i in f)
         if every != list(range(len(params))):
             raise ValueError("the fragments must hold every parameter index exactly once")
-        self.settings, self.ops, self._active = settings, ops, active
+        self.settings, self.ops, self._active, self._clock = settings, ops, active, clock
+        # the schedule: the settings with H chosen (sync_every="auto": None while probing)
+        self.schedule: Optional[OuterSettings] = None if settings.auto else settings
+        self.auto: Optional[dict] = None  # what sync_every="auto" measured and chose
+        self._probe: List[float] = []  # the clock at each inner step of the probe
         self.engines, self.fragments = list(engines), [list(f) for f in fragments]
         # internal state: the global parameters, the outer optimizer's momentum, the inner step
         self.globals: List[Array] = [self._copy(p) for p in params]
@@ -91,8 +117,13 @@ class OuterLoop:
 
     def syncs_at(self, fragment: int, step: int) -> bool:
         """Whether ``fragment`` starts a sync after inner step ``step`` (1-based)."""
-        s = self.settings
-        return step > 0 and step % s.sync_every == s.offset(fragment)
+        s = self.schedule
+        return s is not None and step > 0 and step % s.sync_every == s.offset(fragment)
+
+    @property
+    def sync_every(self) -> Optional[int]:
+        """H in use (None while ``sync_every="auto"`` probes)."""
+        return None if self.schedule is None else self.schedule.sync_every
 
     @property
     def in_flight(self) -> bool:
@@ -113,6 +144,8 @@ class OuterLoop:
                 self.globals = [self._copy(p) for p in params]
             return []
         self.step += 1
+        if self.schedule is None:
+            return self._probe_step(params)
         out: List[Tuple[int, Array]] = []
         for f, (lands, _, _) in sorted(self._inflight.items()):
             if lands == self.step:
@@ -124,6 +157,37 @@ class OuterLoop:
                 self._start(f, params)
                 if self.settings.delay == 0:
                     out += self._land(f, params)
+        return out
+
+    def _probe_step(self, params: Sequence[Array]) -> List[Tuple[int, Array]]:
+        """``sync_every="auto"``: time the probe's inner steps; at its end sync every fragment at
+        once, each timed alone, agree on the slowest rank's figures and choose H."""
+        self._probe.append(self._clock())
+        if self.step not in (auto.PROBE_STEPS // 2, auto.PROBE_STEPS):
+            return []
+        out: List[Tuple[int, Array]] = []
+        exchange = 0.0
+        for f in range(len(self.fragments)):
+            t0 = self._clock()
+            self._start(f, params)
+            out += self._land(f, params)
+            exchange = max(exchange, self._clock() - t0)
+        if self.step < auto.PROBE_STEPS:  # the first sync: the engines' first use, not timed
+            self._probe.append(self._clock())
+            return out
+        # the inner steps' intervals, without the one holding the first sync
+        times = self._probe
+        half = auto.PROBE_STEPS // 2
+        step_s = statistics.median([b - a for a, b in zip(times[:half], times[1:half])] +
+                                   [b - a for a, b in zip(times[half + 1:], times[half + 2:])])
+        step_s, exchange = auto.agree(step_s, exchange, self.engines[0].gather)
+        s = self.settings
+        h = auto.choose(step_s, exchange, s.fragments, s.delay)
+        self.schedule = dataclasses.replace(s, sync_every=h)
+        self.auto = {"sync_every": h, "step_s": step_s, "exchange_s": exchange, "probe_steps": self.step,
+                     "rule": (f"{s.fragments} x ceil(exchange / " + ("step)" if s.delay else
+                                                                   f"({auto.OVERHEAD:g} x step))"))}
+        self.step, self._probe = 0, []
         return out
 
     def _start(self, f: int, params: Sequence[Array]) -> None:
@@ -168,7 +232,7 @@ class OuterLoop:
             raise RuntimeError(f"outer steps: fragment(s) {sorted(self._inflight)} are being reduced (delay="
                                f"{self.settings.delay}); save the checkpoint at a step where none is in "
                                "flight (OuterLoop.in_flight is False)")
-        return {"settings": self.settings.describe(), "step": self.step, "warm": self.warm,
+        return {"settings": self.settings.describe(), "step": self.step, "warm": self.warm, "auto": self.auto,
                 "outer_steps": list(self.outer_steps), "globals": list(self.globals), "momentum": list(self.momentum),
                 "engines": [e.state() for e in self.engines]}
 
@@ -183,6 +247,13 @@ class OuterLoop:
         self._inflight.clear()
         self.step = int(state["step"])
         self.warm = int(state.get("warm", self.settings.warmup))
+        if self.settings.auto:  # H as chosen; saved while probing: the probe starts again
+            self.auto = state.get("auto")
+            h = (self.auto or {}).get("sync_every")
+            self.schedule = dataclasses.replace(self.settings, sync_every=h) if h else None
+            self._probe = []
+            if h is None:
+                self.step = 0
         self.outer_steps = list(state["outer_steps"])
         self.globals = [self._copy(g) for g in state["globals"]]
         self.momentum = [None if m is None else self._copy(m) for m in state["momentum"]]

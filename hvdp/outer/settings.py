@@ -8,6 +8,9 @@ Example::
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Union
+
+AUTO = "auto"
 
 HIERARCHICAL_REFUSAL = (
     "hvd.OuterOptimizer(hierarchical=True): outer steps do not combine with the two-level reduction yet "
@@ -22,7 +25,8 @@ class OuterSettings:
 
     Args:
         sync_every: H, inner steps between two syncs of a fragment (>= 1). H = 1 with lr 1 and
-            no momentum is plain data parallelism on the parameters.
+            no momentum is plain data parallelism on the parameters. ``"auto"``: chosen from
+            the measured inner step and exchange after a probe interval (``hvdp.outer.auto``).
         lr, momentum, nesterov: the outer SGD applied to the averaged pseudo-gradient (PyTorch's
             ``torch.optim.SGD`` rule: the first step's momentum buffer is the gradient itself).
         fragments: K, the parameters split in K fragments synced in turn, fragment k at the
@@ -38,7 +42,7 @@ class OuterSettings:
             parameters they reached.
     """
 
-    sync_every: int
+    sync_every: Union[int, str]
     lr: float = 0.7
     momentum: float = 0.9
     nesterov: bool = True
@@ -51,14 +55,18 @@ class OuterSettings:
         def whole(name, v, lo):
             if isinstance(v, bool) or not isinstance(v, int) or v < lo:
                 raise ValueError(f"{name} must be an integer >= {lo}, got {v!r}")
-        whole("sync_every", self.sync_every, 1)
+        if isinstance(self.sync_every, str) and self.sync_every != AUTO:
+            raise ValueError(f"sync_every must be an integer >= 1 or 'auto', got {self.sync_every!r}")
+        if not self.auto:
+            whole("sync_every", self.sync_every, 1)
         whole("fragments", self.fragments, 1)
         whole("delay", self.delay, 0)
         whole("warmup", self.warmup, 0)
-        if self.fragments > self.sync_every:
+        # sync_every="auto": H is chosen later, at least fragments and above delay (hvdp.outer.auto)
+        if not self.auto and self.fragments > self.sync_every:
             raise ValueError(f"fragments={self.fragments} is more than sync_every={self.sync_every}: each "
                              "fragment syncs at its own inner step of the interval; use fragments <= sync_every")
-        if self.delay >= self.sync_every:
+        if not self.auto and self.delay >= self.sync_every:
             raise ValueError(f"delay={self.delay} must be below sync_every={self.sync_every}: a fragment's "
                              "average must land before its next sync starts")
         if not self.lr > 0:
@@ -70,6 +78,11 @@ class OuterSettings:
                              "for plain outer SGD")
         if not 0 <= self.mix < 1:
             raise ValueError(f"mix must be in [0, 1) (the weight of the worker's own parameters), got {self.mix!r}")
+
+    @property
+    def auto(self) -> bool:
+        """``sync_every="auto"``: H chosen from measured times after a probe (``hvdp.outer.auto``)."""
+        return self.sync_every == AUTO
 
     def offset(self, fragment: int) -> int:
         """The inner step of the interval (0..H-1) at which ``fragment`` syncs."""

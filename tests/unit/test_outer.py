@@ -79,17 +79,17 @@ def reference(settings, steps, start, ranks):
     return local
 
 
-def make_loop(settings, comm, codec, start, frags):
+def make_loop(settings, comm, codec, start, frags, clock=None):
     rs = ReduceSettings(codecs.get(codec), CompressionPolicy(min_elements=1), extra=(("outer", settings.describe()),))
     engs = []
     for f in frags:
         e = Engine(rs, OPS, comm, NumpyPlain(comm, "average"), gather(comm))
         e.set_layout([f"t{i}" for i in f], [SHAPES[i] for i in f], [True] * len(f))
         engs.append(e)
-    return OuterLoop(settings, OPS, engs, frags, start)
+    return OuterLoop(settings, OPS, engs, frags, start, **({"clock": clock} if clock else {}))
 
 
-def run(settings, steps, codec="none", seed=0, stop_at=None, resume=None):
+def run(settings, steps, codec="none", seed=0, stop_at=None, resume=None, clock=None):
     """Every rank trains ``steps`` inner steps (float32) with outer steps; -> each rank's final
     parameters and, per rank, the parameters right after every sync. ``stop_at``: also return
     every rank's loop state at that step; ``resume``: (step, states) to start from."""
@@ -97,11 +97,13 @@ def run(settings, steps, codec="none", seed=0, stop_at=None, resume=None):
     frags = [list(range(len(SHAPES)))] if settings.fragments == 1 else [[0, 1], [2, 3]]
     group = FakeGroup(P, blocking=True)
     finals, synced, saved, errors = [None] * P, [[] for _ in range(P)], [None] * P, []
+    loops = run.loops = [None] * P
 
     def worker(r):
         try:
             params = [p.copy() for p in start]
-            loop = make_loop(settings, group.comms[r], codec, start, frags)
+            loop = make_loop(settings, group.comms[r], codec, start, frags, clock and clock())
+            loops[r] = loop
             first = 1
             if resume is not None:
                 first = resume[0] + 1
@@ -220,7 +222,53 @@ def test_a_fragment_in_flight_cannot_be_saved_and_settings_must_match():
     ({"sync_every": 4, "momentum": 0.0}, "nesterov=True needs momentum > 0"),
     ({"sync_every": 4, "mix": 1.0}, r"mix must be in \[0, 1\)"),
     ({"sync_every": 4, "warmup": -1}, "warmup must be an integer >= 0"),
+    ({"sync_every": "often"}, "sync_every must be an integer >= 1 or 'auto'"),
 ])
 def test_settings_refuse_what_cannot_work(kwargs, match):
     with pytest.raises(ValueError, match=match):
         OuterSettings(**kwargs)
+
+
+@pytest.mark.parametrize("step_s,exchange_s,k,delay,want", [
+    (0.2, 0.5, 1, 0, 25),     # blocking syncs: 0.5 s per 25 steps of 0.2 s = 10%
+    (0.2, 0.5, 2, 1, 6),      # overlapped: each of 2 fragments' 0.5 s under 3 steps
+    (1.0, 1e-6, 1, 0, 1),     # a free exchange: every step
+    (1.0, 1e-6, 4, 2, 4),     # at least K, above delay
+    (0.001, 10.0, 1, 0, 500),  # at most 500
+])
+def test_auto_chooses_h_from_step_and_exchange(step_s, exchange_s, k, delay, want):
+    from hvdp.outer import auto
+    assert auto.choose(step_s, exchange_s, k, delay) == want
+
+
+def ticking():
+    """A clock that advances one second per reading: the probe's step and exchange are 1 s each."""
+    import itertools
+    return lambda: itertools.count().__next__
+
+
+@pytest.mark.parametrize("k,delay,want", [(1, 0, 10), (2, 1, 2)])
+def test_sync_every_auto_probes_then_syncs_every_chosen_h(k, delay, want):
+    settings = OuterSettings(sync_every="auto", fragments=k, delay=delay)
+    # the ticking clock is read once per inner step and twice per fragment's timed exchange:
+    # a step is 1 s apart except the probe's last one (read before its exchanges)
+    _, synced, _ = run(settings, 6 + 3 * want, clock=ticking())
+    loops = run.loops
+    assert all(lp.auto["sync_every"] == want for lp in loops), [lp.auto for lp in loops]
+    steps = sorted({s for s, _ in synced[0]})
+    frag0 = [s for s in steps if s == 6 or (s - 6) % want == 0]
+    assert frag0[:4] == [6, 6 + want, 6 + 2 * want, 6 + 3 * want][:len(frag0)], steps
+    if delay == 0:
+        assert_ranks_identical_after_syncs(synced)
+
+
+def test_sync_every_auto_resumes_with_the_chosen_h():
+    settings = OuterSettings(sync_every="auto")
+    straight, _, saved = run(settings, 30, stop_at=20, clock=ticking())
+    assert saved[0]["loop"]["auto"]["sync_every"] == 10
+    resumed, _, _ = run(settings, 30, resume=(20, saved), clock=ticking())
+    for r in range(P):
+        for a, b in zip(straight[r], resumed[r]):
+            assert np.array_equal(a, b)
+    _, _, probing = run(settings, 4, stop_at=3, clock=ticking())
+    assert probing[0]["loop"]["auto"] is None

@@ -83,6 +83,22 @@ def check_ranks_identical_int8():
     assert 0 < per_sync < fp32 / 2, (per_sync, fp32)
 
 
+def check_auto():
+    """sync_every="auto": after the probe (6 inner steps) every rank reports the same chosen H
+    and the same measured figures; after the probe's sync the ranks hold the same bits."""
+    model = make_model()
+    x, y = my_data()
+    opt = hvd.OuterOptimizer(keras.optimizers.SGD(0.05), sync_every="auto", compression="int8")
+    model.compile(optimizer=opt, loss=LOSS)
+    assert opt.compression_stats()["sync_every_auto"] is None  # not chosen yet
+    model.fit(x[:6 * PER_WORKER], y[:6 * PER_WORKER], batch_size=PER_WORKER, epochs=1, shuffle=False, verbose=0)
+    chosen = opt.compression_stats()["sync_every_auto"]
+    every = hvd.allgather_object(chosen, name="outer.auto.chosen")
+    assert chosen is not None and all(c == every[0] for c in every), every
+    assert 1 <= chosen["sync_every"] <= 500, chosen
+    assert_ranks_identical(model, "auto")
+
+
 def check_custom_loop():
     """A loop of its own: opt.apply(grads, variables) every step, a sync every 3rd."""
     model = make_model()

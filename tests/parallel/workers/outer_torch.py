@@ -266,6 +266,27 @@ def check_join():
     train(model, opt, x, y, 8, first=4)  # both ranks go on (the refusal came before Horovod's join)
 
 
+def check_auto():
+    """sync_every="auto": after the probe (6 inner steps) every rank reports the same chosen H
+    and figures, the probe's sync leaves the ranks with the same bits, and the next syncs come
+    every H steps from there."""
+    model, x, y = model_and_data()
+    opt = hvd.OuterOptimizer(torch.optim.AdamW(model.parameters(), lr=1e-2),
+                             named_parameters=model.named_parameters(), sync_every="auto", compression="int8")
+    assert opt.compression_stats()["sync_every_auto"] is None
+    train(model, opt, x, y, 6)
+    chosen = opt.compression_stats()["sync_every_auto"]
+    every = hvd.allgather_object(chosen, name="outer.auto.chosen")
+    assert chosen is not None and all(c == every[0] for c in every), every
+    same_on_every_rank(model, "auto.probe")
+    h = chosen["sync_every"]
+    assert opt.compression_stats()["sync_every"] == h and 1 <= h <= 500
+    if h <= 20:
+        train(model, opt, x, y, 6 + h, first=6)
+        same_on_every_rank(model, "auto.next")
+    print(f"sync_every auto on rank {hvd.rank()}: {chosen}", flush=True)
+
+
 def check_refusals():
     model, _, _ = model_and_data()
     for kwargs, text in (({}, "needs sync_every=H"), ({"sync_every": 4, "compression": "powersgd"}, "not one here"),
