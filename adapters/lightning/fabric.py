@@ -21,7 +21,8 @@ from .strategy import refuse_sharded
 class HorovodFabricStrategy(ParallelStrategy, _BackwardSyncControl):
     """Data parallelism with hvdp's ``DistributedOptimizer`` for ``lightning.fabric.Fabric``.
 
-    The keyword arguments are those of ``hvdp.torch.DistributedOptimizer``. Set up the module with
+    The keyword arguments are those of ``hvdp.torch.DistributedOptimizer`` (with ``sync_every=H``:
+    of ``hvdp.torch.OuterOptimizer``, outer steps). Set up the module with
     its optimizers in one call (``fabric.setup(model, opt)``). For gradient accumulation give
     ``backward_passes_per_step=k`` here and call ``optimizer.step()`` every k backward passes
     (``fabric.no_backward_sync`` changes nothing: the optimizer counts the passes).

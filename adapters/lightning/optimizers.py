@@ -9,8 +9,9 @@ import torch
 
 def wrap_optimizers(module: torch.nn.Module, optimizers: List[torch.optim.Optimizer], schedulers: list,
                     backward_passes: int, kwargs: dict) -> List[torch.optim.Optimizer]:
-    """One ``hvd.DistributedOptimizer`` per optimizer, each knowing its parameters' names; the
-    ``schedulers`` built on one of ``optimizers`` drive its replacement."""
+    """One ``hvd.DistributedOptimizer`` per optimizer (``hvd.OuterOptimizer`` where ``kwargs`` has
+    ``sync_every``; the module's float buffers averaged with the first one's syncs), each knowing
+    its parameters' names; the ``schedulers`` built on one of ``optimizers`` drive its replacement."""
     names = {p: n for n, p in module.named_parameters()}
     owner = {}
     for i, opt in enumerate(optimizers):
@@ -23,8 +24,12 @@ def wrap_optimizers(module: torch.nn.Module, optimizers: List[torch.optim.Optimi
     for i, opt in enumerate(optimizers):
         named = [(names.get(p, f"opt{i}.param{j}"), p)
                  for j, p in enumerate(q for g in opt.param_groups for q in g["params"])]
-        new = hvd.DistributedOptimizer(opt, named_parameters=named, backward_passes_per_step=backward_passes,
-                                       **kwargs)
+        if kwargs.get("sync_every") is not None:  # outer steps: local inner steps, a sync every H
+            new = hvd.OuterOptimizer(opt, named_parameters=named, buffers=module.named_buffers() if i == 0 else None,
+                                     **kwargs)
+        else:
+            new = hvd.DistributedOptimizer(opt, named_parameters=named, backward_passes_per_step=backward_passes,
+                                           **kwargs)
         for scheduler in schedulers:
             if getattr(scheduler, "optimizer", None) is opt:
                 _rebind(scheduler, new)

@@ -14,8 +14,8 @@ from conftest import WORKERS, checks_passed, horovodrun
 pytest.importorskip("lightning")
 pytestmark = pytest.mark.parallel
 
-CHECKS = ["same_as_plain_none", "same_as_plain_int8", "accumulate", "bf16_mixed", "manual", "checkpoint_resume",
-          "metrics", "refusals", "fabric"]
+CHECKS = ["same_as_plain_none", "same_as_plain_int8", "accumulate", "bf16_mixed", "outer", "manual",
+          "checkpoint_resume", "metrics", "refusals", "fabric"]
 
 
 @functools.lru_cache(maxsize=None)
