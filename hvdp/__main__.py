@@ -1,5 +1,5 @@
-"""``python -m hvdp doctor``, ``python -m hvdp install-horovod`` and ``python -m hvdp run``
-(horovodrun with elastic checks)."""
+"""``python -m hvdp doctor``, ``python -m hvdp install-horovod``, ``python -m hvdp run``
+(horovodrun with elastic checks) and ``python -m hvdp trace DIR`` (the ranks' flight records)."""
 import sys
 
 
@@ -11,10 +11,14 @@ def main(argv=None) -> int:
     if argv[:1] == ["install-horovod"]:
         from .install import main as install
         return install(argv[1:])
+    if argv[:1] == ["trace"]:
+        from .cluster.trace import main as trace
+        return trace(argv[1:])
     if argv[:1] == ["run"]:
         from .cluster.launch import main as run
         return run(argv[1:])
-    print("usage: python -m hvdp doctor | install-horovod [--help] | run <horovodrun arguments>", file=sys.stderr)
+    print("usage: python -m hvdp doctor | install-horovod [--help] | run <horovodrun arguments> | trace DIR",
+          file=sys.stderr)
     return 2
 
 

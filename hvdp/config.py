@@ -25,6 +25,8 @@ HVDP_CHECK_AGREEMENT = "HVDP_CHECK_AGREEMENT"            # 0: skip the ranks-agr
 HVDP_FAILURE_BOARD = "HVDP_FAILURE_BOARD"                # 0: no failure reports between ranks (failures.py)
 HVDP_KERNELS = "HVDP_KERNELS"                            # off: no fused codec kernels (hvdp/kernels)
 HVDP_STALL_TIMEOUT_SECONDS = "HVDP_STALL_TIMEOUT_SECONDS"  # 0: no stall watchdog (watchdog.py)
+HVDP_FLIGHT_RECORDS = "HVDP_FLIGHT_RECORDS"              # collectives in the flight record; 0: off (flight.py)
+HVDP_FLIGHT_DIR = "HVDP_FLIGHT_DIR"                      # where flight records are dumped (flight.py)
 HVDP_DDP_ADDR = "HVDP_DDP_ADDR"                          # examples/benchmarks: DDP's Gloo rendezvous address
 HVDP_DDP_PORT = "HVDP_DDP_PORT"                          # examples/benchmarks: DDP's Gloo rendezvous port
 HOROVOD_ELASTIC = "HOROVOD_ELASTIC"                      # 1: an elastic job (horovodrun sets it)
@@ -116,6 +118,19 @@ def stall_timeout_s(environ: Environ = None) -> int:
     return env_int(HVDP_STALL_TIMEOUT_SECONDS, 600, minimum=0, environ=environ)
 
 
+def flight_records(environ: Environ = None) -> int:
+    """``HVDP_FLIGHT_RECORDS`` (default 1024): how many of its last collectives each process keeps
+    in its flight record; 0: no record."""
+    return env_int(HVDP_FLIGHT_RECORDS, 1024, minimum=0, maximum=1 << 20, environ=environ)
+
+
+def flight_dir(environ: Environ = None) -> str:
+    """``HVDP_FLIGHT_DIR``: where each rank dumps its flight record (default ``hvdp-flight`` in
+    the working directory)."""
+    raw = _raw(HVDP_FLIGHT_DIR, environ)
+    return "hvdp-flight" if raw is None else os.path.expanduser(raw.strip())
+
+
 def kernels_mode(environ: Environ = None) -> str:
     """``HVDP_KERNELS``: ``auto`` (default: kernels where one serves) or ``off`` (array ops)."""
     return env_choice(HVDP_KERNELS, KERNEL_MODES, "auto", environ)
@@ -158,7 +173,7 @@ def elastic_mode(environ: Environ = None) -> bool:
 
 _CHECKS = (compile_codecs_default, check_agreement, failure_board, kernels_mode,
            lambda env: fusion_threshold_bytes(1, env), lambda env: min_compress_elements(0, env),
-           lambda env: ddp_port(1, env), stall_timeout_s)
+           lambda env: ddp_port(1, env), stall_timeout_s, flight_records)
 
 
 def problems(environ: Environ = None) -> List[Tuple[str, str]]:

@@ -40,6 +40,7 @@ from contextlib import contextmanager
 from typing import Callable, Iterator, List, Optional
 
 from .boards import board_from_env
+from .flight import RECORDER as FLIGHT
 from .reports import explain, is_consequence, make_report, parse_reports
 from ..config import elastic_mode
 
@@ -116,6 +117,7 @@ class FailureReporter:
             exc._hvdp_reported = True
         except Exception:
             pass
+        FLIGHT.dump(f"{where}: {type(exc).__name__}: {exc}")  # this rank's failure, board or not
         rank, board = self.rank(), self.board
         if board is None or rank is None:
             return
@@ -190,6 +192,7 @@ class FailureReporter:
         if getattr(exc, "_hvdp_explained", False):
             return exc
         msg = self.explanation(str(exc))
+        FLIGHT.dump(f"Horovod shut down under this rank: {msg}")
         self._explained_any = True
         try:
             new = type(exc)(msg)
@@ -226,12 +229,15 @@ class FailureReporter:
                 self._size = int(self._get_size())
             except Exception:
                 pass
+            FLIGHT.attach(self._get_rank, self._get_size)  # the flight record's file is per rank
+        FLIGHT.install_signals()  # a dump on SIGUSR1 / SIGTERM (then the handler there before)
         previous = sys.excepthook
 
         def hook(tp, value, tb):
             if value is not None and is_consequence(value) and not getattr(value, "_hvdp_explained", False):
-                print(self.explanation(str(value).splitlines()[0][:300]),
-                      file=sys.stderr, flush=True)
+                msg = self.explanation(str(value).splitlines()[0][:300])
+                FLIGHT.dump(f"Horovod shut down under this rank: {msg}")
+                print(msg, file=sys.stderr, flush=True)
             elif value is not None:
                 self.report(value, "uncaught in the training script")
             previous(tp, value, tb)

@@ -36,6 +36,7 @@ from typing import Callable, Dict, Iterator, Optional, Sequence, Tuple
 
 from ..config import stall_timeout_s
 from .failures import settled
+from .flight import RECORDER as FLIGHT
 
 NOTE_KEY = "stall-{rank}"
 NOTE_AT = 0.5        # a wait this fraction of the deadline old leaves its note on the board
@@ -243,6 +244,7 @@ class StallWatchdog:
         notes = self.notes(size, since=w.wall0 - self.timeout_s)
         notes.setdefault(rank, {"name": w.name})
         self.message = describe(rank, w.name, self.timeout_s, size, notes, self._board() is not None)
+        FLIGHT.dump(f"stall watchdog: {self.message}")  # before the shutdown changes anything
         try:
             self._reporter.report(StallError(self.message), "in hvdp's stall watchdog")
             self._reporter.cause_here = f"StallError: {self.message}"

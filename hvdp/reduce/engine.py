@@ -41,6 +41,7 @@ from .chooser import Chooser
 from .drive import StepDrive
 from .join import refusal
 from .plan import Plan, make_plan
+from .recorded import Recorded, RecordedPlain, recorded_gather
 from .reducer import PlainPath
 from .settings import ReduceSettings, is_low_rank, is_two_phase
 from .stats import TracedSteps, WireStats
@@ -82,12 +83,15 @@ class Engine(StepDrive):
                  per_bucket_auto: bool = True, eager_scope: Optional[Callable] = None,
                  tracing: Optional[Callable[[], bool]] = None, tensor_word: str = "parameter",
                  levels: Optional[Callable[[], Tuple[Any, Any]]] = None):
-        # settings and framework pieces
-        self.settings, self.ops, self.comm, self.plain = settings, ops, comm, plain
-        self.gather, self.versions = allgather_fixed, dict(versions or {})
+        # settings and framework pieces; every collective is written into the flight record
+        self._tracing = tracing or (lambda: False)
+        self._flight = dict(codec=self.reducer_codec_name, step=lambda: self.step, tracing=self._tracing)
+        self.settings, self.ops, self.comm = settings, ops, Recorded(comm, ops, **self._flight)
+        self.plain = RecordedPlain(plain, ops, scope=getattr(comm, "scope", ""), **self._flight)
+        self.gather = recorded_gather(allgather_fixed, step=lambda: self.step)  # eager even when traced
+        self.versions = dict(versions or {})
         self._joined = joined
         self._eager = eager_scope or contextlib.nullcontext
-        self._tracing = tracing or (lambda: False)
         self.tensor_word = tensor_word
         if settings.hierarchical and levels is None:
             raise ValueError("hierarchical=True: the adapter must pass levels=() -> (local, cross)")
@@ -115,7 +119,7 @@ class Engine(StepDrive):
         self.stats = WireStats()
         self.traced = TracedSteps()
         # the reducers (the two-level one is made with the first layout: its levels are collectives)
-        self.make = ReducerFactory(settings, ops, comm, self.stats, make_store=make_store, wrap_codec=wrap_codec,
+        self.make = ReducerFactory(settings, ops, self.comm, self.stats, make_store=make_store, wrap_codec=wrap_codec,
                                    joined=self._is_joined, per_bucket=self.chooser is not None)
         self.reducer = None
         if self._make_levels is None:
@@ -177,7 +181,7 @@ class Engine(StepDrive):
         if tensors is not None and not checked:
             self.check(tensors, at_creation)
         if self._make_levels is not None and self.reducer is None:
-            self.levels = self._make_levels()
+            self.levels = tuple(Recorded(c, self.ops, **self._flight) for c in self._make_levels())
             local, cross = self.levels
             self._levels_word = f"{cross.size} nodes x {local.size} ranks"
             self.reducer = self.make.hierarchical(self.codec, self.levels)

@@ -5,11 +5,13 @@ import functools
 import json
 import os
 import re
+import subprocess
+import sys
 import time
 
 import pytest
 
-from conftest import CONTROLLERS, WORKERS, horovodrun
+from conftest import CONTROLLERS, ROOT, WORKERS, horovodrun
 
 pytestmark = pytest.mark.parallel
 
@@ -60,6 +62,27 @@ def run_case(worker, case, controller, env=None):
     return out, errs
 
 
+def flight_trace(directory):
+    """``python -m hvdp trace DIR`` on the ranks' flight records (hvdp/cluster/flight.py):
+    (exit status, its output, {rank: the rank's dump})."""
+    r = subprocess.run([sys.executable, "-m", "hvdp", "trace", str(directory)], capture_output=True,
+                       text=True, timeout=60, cwd=ROOT)
+    dumps = {}
+    for f in sorted(os.listdir(directory)) if os.path.isdir(directory) else []:
+        if re.fullmatch(r"rank-\d+\.json", f):
+            d = json.load(open(os.path.join(directory, f)))
+            d["records"] = [dict(zip(d["fields"], x)) for x in d["records"]]
+            dumps[d["rank"]] = d
+    print(f"\nTRACE {directory}:\n{r.stdout}{r.stderr}")
+    return r.returncode, r.stdout + r.stderr, dumps
+
+
+def first_unfinished(dump):
+    """(name, n) of the first collective a rank's dump has started and not finished."""
+    r = min((r for r in dump["records"] if r["state"] != "done"), key=lambda r: r["seq"])
+    return r["name"], r["nth"]
+
+
 @functools.lru_cache(maxsize=None)
 def agreement_cases(worker, controller, cases):
     """Every ranks-agree case of one worker in one job (each raises the same error on every rank
@@ -96,13 +119,24 @@ def test_torch_disagreement_same_clear_error_on_every_rank(case, controller):
 
 
 @pytest.mark.parametrize("controller", CONTROLLERS)
-def test_torch_failure_in_reduction_is_named_on_the_other_rank(controller):
-    out, errs = run_case("disagree_torch.py", "fail_int8", controller)
+def test_torch_failure_in_reduction_is_named_on_the_other_rank(controller, tmp_path):
+    out, errs = run_case("disagree_torch.py", "fail_int8", controller, env={"HVDP_FLIGHT_DIR": str(tmp_path)})
     assert errs.get(1, ("", ""))[1].startswith("injected failure"), out[-4000:]
     assert 0 in errs, f"rank 0 printed no error:\n{out[-4000:]}"
     tp, msg = errs[0]
     assert tp == "HorovodInternalError", tp  # elastic code catches this type: it must stay
     assert "rank 1 (host" in msg and "injected failure: rank 1's decoder broke" in msg, msg
+    # both ranks dumped their flight record; the trace names the collective rank 0 went on to,
+    # which rank 1 (failed in a decode before it) never reached
+    rc, text, dumps = flight_trace(tmp_path)
+    assert set(dumps) == {0, 1} and rc == 1, text
+    assert "injected failure" in dumps[1]["reasons"][0]["reason"], dumps[1]["reasons"]
+    reached = {(r["name"], r["nth"]) for r in dumps[1]["records"]}
+    name, nth = min(((r["seq"], (r["name"], r["nth"])) for r in dumps[0]["records"]
+                     if (r["name"], r["nth"]) not in reached))[1]
+    assert name.startswith("hvdp.opt0.") and f"first divergence: {name} #{nth} (int8" in text, text
+    assert re.search(r"started, (never finished|its wait failed): rank 0", text) and \
+        "never reached: rank 1" in text, text
 
 
 @pytest.mark.parametrize("controller", CONTROLLERS)
@@ -114,10 +148,34 @@ def test_torch_rank_that_never_calls_step(controller):
 
 
 @pytest.mark.parametrize("controller", CONTROLLERS)
-def test_torch_rank_that_exits_early(controller):
-    out, errs = run_case("disagree_torch.py", "early_exit", controller)
+def test_torch_rank_that_exits_early(controller, tmp_path):
+    out, errs = run_case("disagree_torch.py", "early_exit", controller, env={"HVDP_FLIGHT_DIR": str(tmp_path)})
     assert "DONE rank=1" in out
     assert 0 in errs and "no other rank reported an error" in errs[0][1], out[-4000:]
+    # rank 1 left without an error, so without a dump (as a killed rank does): the trace names
+    # the collective rank 0 waited in and rank 1 as the one with no dump
+    rc, text, dumps = flight_trace(tmp_path)
+    assert set(dumps) == {0} and rc == 1, text
+    name, nth = first_unfinished(dumps[0])
+    assert name.startswith("hvdp.opt0.") and f"first divergence: {name} #0" in text, text
+    assert re.search(r"(its wait failed|its submit failed\)): rank 0", text), text
+    assert re.search(r"\n  no dump \(killed[^\n]*: rank 1\n", text + "\n"), text
+
+
+def test_torch_killed_rank_is_named_by_the_flight_record(tmp_path):
+    # rank 1 is SIGKILLed at step 1 (no report, no dump); horovodrun then sends rank 0 SIGTERM
+    # (or its collective fails first): rank 0's dump names the collective of step 1 it was in
+    env = {"HVDP_FLIGHT_DIR": str(tmp_path), "HVDP_STALL_TIMEOUT_SECONDS": "8"}
+    out, _ = run_case("disagree_torch.py", "kill", "gloo", env=env)
+    assert "Exit code: 137" in out, out[-3000:]
+    rc, text, dumps = flight_trace(tmp_path)
+    assert set(dumps) == {0} and rc == 1, text
+    assert dumps[0]["reasons"][0]["reason"] in ("signal SIGTERM", "signal SIGUSR1") or \
+        "Horovod shut down" in dumps[0]["reasons"][0]["reason"], dumps[0]["reasons"]
+    name, nth = first_unfinished(dumps[0])
+    assert name.startswith("hvdp.opt0.") and nth == 1 and f"first divergence: {name} #1" in text, text
+    assert re.search(r"started, (never finished|its wait failed): rank 0", text), text
+    assert re.search(r"\n  no dump \(killed[^\n]*: rank 1\n", text + "\n"), text
 
 
 # Horovod 0.28.1's stall inspector shuts a job down over MPI (with
@@ -140,11 +198,12 @@ WATCHDOG_S = 4
 
 
 @pytest.mark.parametrize("controller", ["gloo"])
-def test_torch_stall_watchdog_names_the_rank_that_did_not_arrive(controller):
+def test_torch_stall_watchdog_names_the_rank_that_did_not_arrive(controller, tmp_path):
     # rank 1 sleeps past the deadline and then calls step(): rank 0's watchdog fires at ~4 s and
     # names rank 1; rank 1, back while rank 0 lingers, is told why Horovod is down. Horovod's
     # inspector is given no shutdown time (its default), so only the watchdog can end the job.
-    env = {"HVDP_STALL_TIMEOUT_SECONDS": str(WATCHDOG_S), "STALL_S": str(WATCHDOG_S + 1.5)}
+    env = {"HVDP_STALL_TIMEOUT_SECONDS": str(WATCHDOG_S), "STALL_S": str(WATCHDOG_S + 1.5),
+           "HVDP_FLIGHT_DIR": str(tmp_path)}
     out, errs = run_case("disagree_torch.py", "stall", controller, env=env)
     assert set(errs) == {0, 1}, f"not every rank reported:\n{out[-4000:]}"
     tp, msg = errs[0]
@@ -154,6 +213,22 @@ def test_torch_stall_watchdog_names_the_rank_that_did_not_arrive(controller):
     assert WATCHDOG_S <= AFTER[0] < WATCHDOG_S + 10, (AFTER, out[-3000:])  # seconds from run() to the error
     # rank 1 learns the cause from the board, not just "Horovod has been shut down"
     assert "in hvdp's stall watchdog" in errs[1][1] and "rank 1 did not arrive" in errs[1][1], errs[1]
+    # the flight records: rank 0 dumped at the watchdog's deadline, rank 1 when it found Horovod
+    # down (or at horovodrun's SIGTERM); the trace names step 1's first collective, which rank 0
+    # started and never finished and rank 1 never reached
+    rc, text, dumps = flight_trace(tmp_path)
+    assert set(dumps) == {0, 1} and rc == 1, text
+    assert dumps[0]["reasons"][0]["reason"].startswith("stall watchdog: hvdp stall watchdog: rank 0 waited")
+    name, nth = first_unfinished(dumps[0])
+    assert name.startswith("hvdp.opt0.") and nth == 1, (name, nth)   # step 1 (0 finished on both)
+    assert f"first divergence: {name} #1 (none, allreduce" in text, text
+    # rank 0's wait: in flight when the watchdog dumped, failed once Horovod was down
+    assert re.search(r"started, (never finished|its wait failed): rank 0 \(at [\d:.]+, waited [4-9]\.\d s\)",
+                     text), text
+    # rank 1 never got there, or only once rank 0's watchdog had shut Horovod down
+    assert re.search(r"(never reached|reached it only once Horovod was down \(its submit failed\)): rank 1",
+                     text), text
+    assert all(r["state"] in ("done", "refused") for r in dumps[1]["records"]), dumps[1]["records"]
 
 
 def test_keras_tf_stall_watchdog_names_the_rank_that_did_not_arrive():

@@ -4,6 +4,7 @@ Every rank prints 'ERROR rank=<r> type=<T> msg=<json>' for the exception that en
 lets it propagate (so hvdp's exception hook and the job's exit code see it), or 'DONE rank=<r>'.
 """
 import os
+import signal
 import sys
 import time
 
@@ -70,6 +71,8 @@ def run(case, rank):
     for step in range(3):
         if case == "early_exit" and rank == 1:
             return  # e.g. a rank whose data ran out: it never calls step()
+        if case == "kill" and rank == 1 and step == 1:
+            os.kill(os.getpid(), signal.SIGKILL)  # e.g. the OOM killer: no report, no dump
         if case == "stall" and rank == 1 and step == 1:
             time.sleep(float(os.environ.get("STALL_S", "120")))  # e.g. a long evaluation on one rank only
         opt.zero_grad()

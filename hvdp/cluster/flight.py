@@ -1,0 +1,255 @@
+"""A flight record: each rank's last collectives, kept in a ring and dumped when the job goes wrong.
+
+When a job stalls or dies, the question is which collective the ranks parted at: one rank waits
+in an allreduce that another never reached, or reached and never finished. Each process keeps
+its last ``HVDP_FLIGHT_RECORDS`` (default 1024; 0: off) of hvdp's collectives in a ring: name,
+its number among the collectives of that name (the n-th ``hvdp.opt0.a2a.b0`` of this rank meets
+the n-th of every other rank), codec, phase, bytes, the engine's step, start and end time, and
+whether it finished, its wait failed, its submit was refused (Horovod already down) or it is
+still in flight. Counters per name survive the ring, so a
+record pushed out of it is still known to have started (and finished).
+
+The record is written as JSON, one file per rank (``rank-<r>.json``, replaced atomically), into
+``HVDP_FLIGHT_DIR`` (default ``hvdp-flight`` in the working directory) when:
+
+- the stall watchdog fires (``hvdp.cluster.watchdog``);
+- hvdp's failure path sees an error: this rank's own (``FailureReporter.report``) or Horovod shut
+  down under it (``FailureReporter.explained`` and the exception hook);
+- the process gets SIGUSR1 (a dump on request, the process goes on) or SIGTERM (what horovodrun
+  sends the survivors when one rank exits; the previous handler then runs as before).
+
+``python -m hvdp trace DIR`` merges the files (``hvdp.cluster.trace``).
+
+Recording costs two ``time.time()`` calls, a dict update and a list append per collective (see
+``benchmarks/flight_cost.py``); a dump happens only on the events above.
+
+Example::
+
+    rec = RECORDER.start("hvdp.opt0.a2a.b0", "int8", "alltoall", 4096, step=3)
+    ...                                   # the collective runs
+    RECORDER.end(rec)                     # or RECORDER.end(rec, FAILED) if its wait raised
+    RECORDER.dump("SIGUSR1")              # -> path of hvdp-flight/rank-<r>.json
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from collections import deque
+from typing import Callable, Dict, List, Optional
+
+from ..config import flight_dir, flight_records
+
+VERSION = 1
+# one record: a list, so that its end is written in place
+SEQ, NAME, NTH, CODEC, PHASE, NBYTES, STEP, T0, T1, STATE = range(10)
+FIELDS = ("seq", "name", "nth", "codec", "phase", "bytes", "step", "start", "end", "state")
+# in flight; finished; its wait raised; its submit raised (Horovod already down, or refused it)
+STARTED, DONE, FAILED, REFUSED = "started", "done", "failed", "refused"
+SIGNALS = ("SIGUSR1", "SIGTERM")
+
+
+def job_id(environ=None) -> str:
+    """What tells this job's dumps from another's in the same directory: horovodrun's Gloo
+    rendezvous, the MPI or Slurm job; "" when none is known."""
+    env = os.environ if environ is None else environ
+    if env.get("HOROVOD_GLOO_RENDEZVOUS_ADDR"):
+        return f"gloo:{env['HOROVOD_GLOO_RENDEZVOUS_ADDR']}:{env.get('HOROVOD_GLOO_RENDEZVOUS_PORT', '')}"
+    for key in ("PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID"):
+        if env.get(key):
+            return f"{key}:{env[key]}"
+    return ""
+
+
+class FlightRecorder:
+    """One per process (:data:`RECORDER`); the adapters' collectives pass through
+    ``hvdp.reduce.recorded.Recorded``, which calls :meth:`start` and :meth:`end`.
+
+    Args:
+        capacity: records kept; None: ``HVDP_FLIGHT_RECORDS`` at the first record; 0: off.
+        directory: where dumps go; None: ``HVDP_FLIGHT_DIR`` (read at each dump).
+        clock: wall-clock seconds (comparable between hosts, roughly).
+    """
+
+    def __init__(self, capacity: Optional[int] = None, directory: Optional[str] = None,
+                 clock: Callable[[], float] = time.time):
+        # settings
+        self._capacity, self._directory, self._clock = capacity, directory, clock
+        # internal state
+        self._ring: Optional[deque] = None        # made at the first record (capacity read then)
+        self._seq = 0                              # collectives started by this process
+        self.started: Dict[str, int] = {}          # name -> how many started (the ring forgets)
+        self.finished: Dict[str, int] = {}         # name -> how many finished
+        self._get_rank: Optional[Callable[[], int]] = None
+        self._get_size: Optional[Callable[[], int]] = None
+        self._rank: Optional[int] = None
+        self._size: Optional[int] = None
+        self.reasons: List[dict] = []              # why it was dumped, in order
+        # dumps only (the watchdog, signals, the main thread); re-entrant: a signal handler may
+        # run on the main thread in the middle of its own dump
+        self._lock = threading.RLock()
+        self._previous: Dict[int, object] = {}     # signal number -> the handler before ours
+        self._watcher: Optional[threading.Thread] = None
+
+    @property
+    def capacity(self) -> int:
+        if self._capacity is None:
+            self._capacity = flight_records()      # HVDP_FLIGHT_RECORDS; bad value: ValueError
+        return self._capacity
+
+    # --- recording (the hot path: keep it to a few attribute reads) -------------------------------
+    def start(self, name: str, codec: str, phase: str, nbytes: int, step: int = -1) -> Optional[list]:
+        """A collective was submitted; -> its record (for :meth:`end`), None when recording is off."""
+        ring = self._ring
+        if ring is None:
+            if self.capacity <= 0:
+                return None
+            ring = self._ring = deque(maxlen=self.capacity)
+        nth = self.started.get(name, 0)
+        self.started[name] = nth + 1
+        self._seq += 1
+        rec = [self._seq, name, nth, codec, phase, nbytes, step, self._clock(), None, STARTED]
+        ring.append(rec)
+        return rec
+
+    def end(self, rec: Optional[list], state: str = DONE) -> None:
+        """The collective of ``rec`` finished (``DONE``), its wait raised (``FAILED``) or its
+        submit raised (``REFUSED``: the rank got there, the collective never started)."""
+        if rec is None or rec[STATE] != STARTED:
+            return
+        rec[T1] = self._clock()
+        rec[STATE] = state
+        if state == DONE:
+            self.finished[rec[NAME]] = self.finished.get(rec[NAME], 0) + 1
+
+    # --- identity -------------------------------------------------------------------------------
+    def attach(self, get_rank: Callable[[], int], get_size: Callable[[], int]) -> None:
+        """Where this process's rank and the job's size come from (read while Horovod is up)."""
+        self._get_rank, self._get_size = get_rank, get_size
+        self._identity()
+
+    def _identity(self):
+        for attr, get in (("_rank", self._get_rank), ("_size", self._get_size)):
+            if get is not None:
+                try:
+                    setattr(self, attr, int(get()))
+                except Exception:  # Horovod already down: the value read while it was up
+                    pass
+        return self._rank, self._size
+
+    # --- the dump -------------------------------------------------------------------------------
+    def snapshot(self, reason: Optional[str] = None) -> dict:
+        """What a dump writes (``reason`` added to the reasons first)."""
+        rank, size = self._identity()
+        if reason is not None:
+            self.reasons.append({"time": self._clock(), "reason": reason[:2000]})
+        records = tuple(self._ring or ())  # one C-level copy: safe against a concurrent append
+        return {"version": VERSION, "rank": rank, "size": size, "host": socket.gethostname(),
+                "pid": os.getpid(), "job": job_id(), "time": self._clock(),
+                "capacity": self.capacity, "reasons": list(self.reasons), "fields": list(FIELDS),
+                "started": dict(self.started), "finished": dict(self.finished),
+                "records": [list(r) for r in records]}
+
+    def path(self, directory: Optional[str] = None) -> str:
+        d = directory or self._directory or flight_dir()
+        rank = self._rank if self._rank is not None else f"pid{os.getpid()}"
+        return os.path.join(d, f"rank-{rank}.json")
+
+    def dump(self, reason: str, directory: Optional[str] = None) -> Optional[str]:
+        """Write the record (replacing this rank's earlier dump); -> the file, None when off or
+        the write failed (a dump must never hide the error it is made for)."""
+        try:
+            if self.capacity <= 0:
+                return None
+            with self._lock:
+                data = self.snapshot(reason)
+                path = self.path(directory)
+                os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
+                tmp = f"{path}.{os.getpid()}.tmp"
+                with open(tmp, "w") as f:
+                    json.dump(data, f, separators=(",", ":"))
+                os.replace(tmp, path)
+                return path
+        except Exception as e:
+            try:
+                print(f"hvdp: flight record not written ({type(e).__name__}: {e})", file=sys.stderr)
+            except Exception:
+                pass
+            return None
+
+    # --- signals --------------------------------------------------------------------------------
+    def install_signals(self) -> bool:
+        """Dump on SIGUSR1 and SIGTERM, then hand the signal to the handler that was there before
+        (SIGTERM's default still ends the process, as it would have; SIGUSR1's default, which
+        would end it, is replaced by the dump alone). A handler set later by the user or a
+        library replaces ours: it is not undone. The main thread only runs Python handlers
+        between bytecodes, so while it blocks in a collective a thread woken by
+        ``signal.set_wakeup_fd`` writes the dump (where no other wake-up fd is set). Main thread
+        only; idempotent; -> whether the handlers are ours."""
+        if self._previous or threading.current_thread() is not threading.main_thread():
+            return bool(self._previous)
+        try:
+            if self.capacity <= 0:
+                return False
+            for name in SIGNALS:
+                num = getattr(signal, name, None)
+                # None: a handler set outside Python (a C library's), which could not be restored
+                if num is not None and signal.getsignal(num) is not None:
+                    self._previous[num] = signal.signal(num, self._on_signal)
+        except (ValueError, OSError):  # not the main interpreter, or a platform without them
+            return bool(self._previous)
+        self._start_watcher()
+        return True
+
+    def _start_watcher(self) -> None:
+        try:
+            r, w = os.pipe()
+            os.set_blocking(w, False)
+            old = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+        except (ValueError, OSError, AttributeError):
+            return
+        if old != -1:  # someone else's (an event loop): leave it theirs
+            signal.set_wakeup_fd(old)
+            os.close(r)
+            os.close(w)
+            return
+        self._watcher = threading.Thread(target=self._watch, args=(r,), name="hvdp-flight-signals",
+                                         daemon=True)
+        self._watcher.start()
+
+    def _watch(self, fd: int) -> None:
+        ours = {int(n): name for name in SIGNALS for n in [getattr(signal, name, None)] if n is not None}
+        while True:
+            try:
+                data = os.read(fd, 64)
+            except OSError:
+                return
+            if not data:
+                return
+            for num in data:
+                if num in ours:
+                    self.dump(f"signal {ours[num]}")
+                    if (ours[num] == "SIGTERM" and self._previous.get(num) == signal.SIG_DFL
+                            and signal.getsignal(num) == self._on_signal):  # not replaced since
+                        # what SIGTERM's default would have done, without waiting for the main
+                        # thread (it may be blocked in a collective): end the process now
+                        os._exit(128 + num)
+
+    def _on_signal(self, num, frame) -> None:
+        if self._watcher is None:
+            self.dump(f"signal {signal.Signals(num).name}")
+        prev = self._previous.get(num)
+        if callable(prev):
+            prev(num, frame)
+        elif prev == signal.SIG_DFL and num == signal.SIGTERM:
+            if self._watcher is not None:
+                time.sleep(2.0)  # the watcher thread dumps, then ends the process
+            signal.signal(num, signal.SIG_DFL)
+            os.kill(os.getpid(), num)
+
+
+RECORDER = FlightRecorder()
