@@ -9,9 +9,10 @@ from hvdp.reduce.join import CONTROL_NAME, JoinRefused, Registry
 
 from .backend import BACKEND as B
 from .functions import broadcast_variables
-from .state import state_of
+from .state import outer_of, state_of
 
 OPTIMIZERS = Registry()  # every hvdp.keras DistributedOptimizer, in creation order
+OUTER = Registry()  # every hvdp.keras OuterOptimizer, in creation order
 # DistributedGradientTape (TF): one reducer per (arguments, sources), kept across traces
 TAPE_REDUCERS = {}
 
@@ -29,6 +30,10 @@ def _refuse_unless_ready():
                 + [(red, "tape") for red in TAPE_REDUCERS.values()])
     for red, tape in reducers:
         why = red.engine.join_refusal("keras", tape)
+        if why is not None:
+            raise JoinRefused(why)
+    for opt in OUTER.alive():
+        why = outer_of(opt).join_refusal()
         if why is not None:
             raise JoinRefused(why)
 
@@ -62,14 +67,22 @@ def join(extra_variables=(), optimizers=None) -> int:
         optimizers = OPTIMIZERS.alive()
     seen, variables = set(), []
     for opt in optimizers:
-        if state_of(opt).engine.comm.process_set.process_set_id != 0 or not opt.built:
-            continue  # Horovod's join is global
-        for v in list(getattr(opt, "_trainable_variables", [])) + list(opt.variables) + list(extra_variables):
+        red = state_of(opt)
+        if red is None or red.engine.comm.process_set.process_set_id != 0 or not opt.built:
+            continue  # Horovod's join is global; an hvd.OuterOptimizer syncs below
+        for v in list(getattr(opt, "_trainable_variables", [])) + list(opt.variables):
             if id(v) not in seen:
                 seen.add(id(v))
                 variables.append(v)
+    for v in extra_variables:
+        if id(v) not in seen:
+            seen.add(id(v))
+            variables.append(v)
     if variables and B.hvd.size() > 1:
         broadcast_variables(variables, root_rank=last)
+    for opt in OUTER.alive():  # hvd.OuterOptimizer: the last rank's parameters and outer state
+        if optimizers is None or any(opt is o for o in optimizers):
+            outer_of(opt).sync_from(last)
     return last
 
 
@@ -101,6 +114,8 @@ class JoinCallback(keras.callbacks.Callback):
         model._hvdp_join_callback = True  # BroadcastGlobalVariablesCallback then allows uneven steps
 
     def on_train_begin(self, logs=None):
+        if outer_of(self.model.optimizer) is not None:
+            return  # hvd.OuterOptimizer: its syncs count the ranks taking part
         red = state_of(self.model.optimizer)
         if red is None:
             raise ValueError("hvd.callbacks.JoinCallback needs the model compiled with an hvdp.keras "

@@ -4,6 +4,7 @@ Works eagerly and inside a traced ``tf.function`` (Keras' train step): the fast-
 (``all_finite``, ``all_nonnegative``) answer False while tracing, so a codec takes its general
 path, which is correct for any data.
 """
+import math
 import tensorflow as tf
 
 _DT = {"float32": tf.float32, "float16": tf.float16, "bfloat16": tf.bfloat16, "float64": tf.float64,
@@ -28,7 +29,8 @@ class TFOps:
         return self.zeros(n, dtype, like)  # TF has no uninitialised tensors
 
     def size(self, x):
-        n = x.shape.num_elements()
+        shape = x.shape  # a residual an eager kernel wrote is a numpy array (a tuple shape)
+        n = shape.num_elements() if hasattr(shape, "num_elements") else math.prod(shape)
         if n is None:
             raise ValueError("hvdp needs static tensor shapes inside tf.function")
         return int(n)
@@ -134,6 +136,14 @@ class TFOps:
             return tf.linalg.qr(x2d)[0]
         cols = [x2d[:, i:i + 1] for i in range(r)]
         for i in range(r):
+            # scaled by a power of two first, as the numpy reference (hvdp/ops.py): the float32
+            # sum of squares would overflow above ~1.8e19 and underflow below ~1e-19; 2^(127 - E)
+            # for the biased exponent E of the largest |value|, kept a normal float32
+            big = tf.reduce_max(tf.abs(cols[i]))
+            biased = tf.bitwise.bitwise_and(tf.bitwise.right_shift(tf.bitcast(big, tf.int32), 23), 255)
+            scale = tf.bitcast(tf.bitwise.left_shift(tf.clip_by_value(254 - biased, 1, 253), 23), tf.float32)
+            ok = tf.logical_and(big > 0, tf.math.is_finite(big))
+            cols[i] = cols[i] * tf.where(ok, scale, tf.ones_like(scale))
             norm = tf.norm(cols[i])
             cols[i] = cols[i] / tf.where(norm > 0, norm, tf.ones_like(norm))  # a zero column stays zero
             for j in range(i + 1, r):

@@ -14,6 +14,7 @@ Example::
     model.fit(x, y, callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
 """
 import keras
+import numpy as np
 
 from hvdp.codecs.auto import Auto
 from hvdp.outer import HIERARCHICAL_REFUSAL, OuterLoop, OuterSettings
@@ -24,6 +25,7 @@ from hvdp.reduce.settings import ReduceSettings, is_low_rank
 from .agreement import REPORTER, VERSIONS, allgather_fixed, variable_entries
 from .backend import BACKEND as B
 from .compression import resolve
+from .join import OUTER
 from .plain import KerasPlain
 from .optimizer import serialise_as
 from .state import attach_outer, outer_of, state_of
@@ -61,7 +63,12 @@ class KerasOuter:
             eng.set_layout([names[i] for i in idx], [tuple(self.variables[i].shape) for i in idx], [True] * len(idx),
                            tensors=variable_entries(self.variables, names) if f == 0 else None)
             self.engines.append(eng)
-        self.loop = OuterLoop(self.settings, B.ops, self.engines, self.fragments, self._values())
+        self.loop = OuterLoop(self.settings, B.ops, self.engines, self.fragments, self._values(), active=self._active)
+
+    def _active(self) -> int:
+        """The ranks taking part in the sync starting now: a 1 per rank summed (a rank that has
+        called ``hvd.join()`` adds Horovod's zero)."""
+        return int(round(float(B.allreduce_np(np.ones(1, np.float32), "hvdp.outer.active", average=False)[0])))
 
     def _values(self):
         return [keras.ops.convert_to_tensor(v) for v in self.variables]
@@ -73,8 +80,33 @@ class KerasOuter:
             for i, value in landed:
                 self.variables[i].assign(keras.ops.cast(value, self.variables[i].dtype))
             if landed and self.buffers and any(i in self.fragments[0] for i, _ in landed):
+                n = self.loop.took_part[0]  # over the ranks that took part in the sync
                 for j, b in enumerate(self.buffers):
-                    b.assign(B.allreduce_np(keras.ops.convert_to_numpy(b), f"hvdp.outer.buffer.{j}"))
+                    b.assign(B.allreduce_np(keras.ops.convert_to_numpy(b), f"hvdp.outer.buffer.{j}", average=False) / n)
+
+    def join_refusal(self):
+        """Why ``hvd.join()`` cannot be answered now (None: it can): a fragment in flight."""
+        if self.loop is not None and self.loop.in_flight:
+            return (f"hvd.join() was called while hvd.OuterOptimizer has a fragment in flight (delay="
+                    f"{self.settings.delay}): its reduction needs this rank's next step. Fix: call hvd.join() "
+                    "at a step where opt.outer.in_flight is False, or use delay=0")
+        return None
+
+    def sync_from(self, root: int) -> None:
+        """After every rank joined: ``root``'s variables, buffers and outer state (global
+        parameters, momentum, step counters) on every rank; residuals stay each rank's own."""
+        if self.loop is None or B.hvd.size() <= 1:
+            return
+        loop = self.loop
+        names = [f"outer.{i}" for i in range(len(self.variables))] + [f"buffer.{i}" for i in range(len(self.buffers))]
+        B.broadcast_variables(self.variables + self.buffers, names, root, self.process_set)
+        mine = {"step": loop.step, "warm": loop.warm, "outer_steps": loop.outer_steps,
+                "globals": [np.asarray(keras.ops.convert_to_numpy(g)) for g in loop.globals],
+                "momentum": [None if m is None else np.asarray(keras.ops.convert_to_numpy(m)) for m in loop.momentum]}
+        got = B.hvd.broadcast_object(mine, root_rank=root, name="hvdp.outer.join.state")
+        loop.step, loop.warm, loop.outer_steps = got["step"], got["warm"], list(got["outer_steps"])
+        loop.globals = [keras.ops.convert_to_tensor(g) for g in got["globals"]]
+        loop.momentum = [None if m is None else keras.ops.convert_to_tensor(m) for m in got["momentum"]]
 
     def compression_stats(self) -> dict:
         """Each fragment's statistics per sync and the bytes one worker sends per inner step."""
@@ -145,4 +177,5 @@ def OuterOptimizer(optimizer, sync_every=None, outer_lr=0.7, outer_momentum=0.9,
     serialise_as(cls, base)  # saved as the user's class, as hvd.DistributedOptimizer's
     optimizer.__class__ = cls  # keep the object: its variables, config and tracking stay valid
     attach_outer(optimizer, KerasOuter(outer, rs, hvd_compressor, buffers, process_set))
+    OUTER.add(optimizer)
     return optimizer

@@ -6,6 +6,7 @@ import keras
 import numpy as np
 
 import hvdp.keras as hvd
+from hvdp.keras.state import outer_of
 
 TF = keras.backend.backend() == "tensorflow"
 if TF:
@@ -97,6 +98,25 @@ def check_auto():
     assert chosen is not None and all(c == every[0] for c in every), every
     assert 1 <= chosen["sync_every"] <= 500, chosen
     assert_ranks_identical(model, "auto")
+
+
+def check_join():
+    """model.fit on shards of different lengths with hvd.callbacks.JoinCallback: rank 1 has 10
+    batches, rank 0 12 (H = 4, int8: reduced in float32 while a rank has joined); after fit both
+    ranks hold the same weights and outer state, and rank 0 made all 3 syncs."""
+    model = make_model()
+    x, y = my_data()
+    n = (10 if hvd.rank() == 1 else 12) * PER_WORKER
+    opt = hvd.OuterOptimizer(keras.optimizers.SGD(0.05), sync_every=4, compression="int8",
+                             policy=hvd.CompressionPolicy(min_elements=1))
+    model.compile(optimizer=opt, loss=LOSS)
+    model.fit(x[:n], y[:n], batch_size=PER_WORKER, epochs=1, shuffle=False, verbose=0,
+              callbacks=[hvd.callbacks.JoinCallback(), hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+    assert_ranks_identical(model, "join")
+    loop = outer_of(opt).loop
+    every = hvd.allgather_object([loop.step, loop.outer_steps], name="outer.join.keras")
+    assert every[0] == every[1] == [12, [3]], every
+    assert all(np.isfinite(w).all() for w in model.get_weights())
 
 
 def check_custom_loop():
