@@ -94,6 +94,7 @@ class FlightRecorder:
         self._lock = threading.RLock()
         self._previous: Dict[int, object] = {}     # signal number -> the handler before ours
         self._watcher: Optional[threading.Thread] = None
+        self._wakeup: Optional[int] = None         # the write end of the watcher's pipe
 
     @property
     def capacity(self) -> int:
@@ -163,8 +164,8 @@ class FlightRecorder:
         """Write the record (replacing this rank's earlier dump); -> the file, None when off or
         the write failed (a dump must never hide the error it is made for)."""
         try:
-            if self.capacity <= 0:
-                return None
+            if self.capacity <= 0 or (self._seq == 0 and self._get_rank is None):
+                return None  # nothing to say (e.g. a forked data-loader worker)
             with self._lock:
                 data = self.snapshot(reason)
                 path = self.path(directory)
@@ -217,9 +218,25 @@ class FlightRecorder:
             os.close(r)
             os.close(w)
             return
+        self._wakeup = w
         self._watcher = threading.Thread(target=self._watch, args=(r,), name="hvdp-flight-signals",
                                          daemon=True)
         self._watcher.start()
+        os.register_at_fork(after_in_child=self._after_fork)
+
+    def _after_fork(self) -> None:
+        """In a forked child (a data loader's worker): its signals must not reach the parent's
+        watcher through the inherited pipe (a worker's SIGTERM would end the parent), and its
+        record starts empty (it would otherwise dump the parent's as its own)."""
+        try:
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, self._wakeup)
+            os.close(null)
+        except (OSError, TypeError):
+            pass
+        self._watcher, self._lock = None, threading.RLock()
+        self._ring, self._seq, self.started, self.finished, self.reasons = None, 0, {}, {}, []
+        self._get_rank = self._get_size = self._rank = self._size = None
 
     def _watch(self, fd: int) -> None:
         ours = {int(n): name for name in SIGNALS for n in [getattr(signal, name, None)] if n is not None}

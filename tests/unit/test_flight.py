@@ -285,3 +285,32 @@ def test_a_handler_set_later_is_not_overruled(tmp_path):
     r = subprocess.run([sys.executable, "-c", LATER, str(tmp_path)], capture_output=True, text=True,
                        timeout=60, cwd=ROOT)
     assert r.returncode == 0 and "ALIVE" in r.stdout, r.stderr
+
+
+FORKED = textwrap.dedent("""
+    import os, signal, sys, time
+    from hvdp.cluster.flight import FlightRecorder
+    rec = FlightRecorder(8, sys.argv[1])
+    rec.attach(lambda: 0, lambda: 1)
+    assert rec.install_signals()                 # over SIGTERM's default
+    rec.start("a", "none", "allreduce", 4)
+    pid = os.fork()                              # e.g. a data loader's worker
+    if pid == 0:
+        time.sleep(30)
+        os._exit(0)
+    time.sleep(0.2)
+    t0 = time.monotonic()
+    os.kill(pid, signal.SIGTERM)                 # the child ends at once, as by default ...
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGTERM, status
+    assert time.monotonic() - t0 < 1.5
+    time.sleep(0.5)                              # ... and neither ends nor dumps the parent
+    assert not os.path.exists(os.path.join(sys.argv[1], "rank-0.json"))
+    print("ALIVE", flush=True)
+""")
+
+
+def test_a_forked_child_signal_does_not_reach_the_parent(tmp_path):
+    r = subprocess.run([sys.executable, "-c", FORKED, str(tmp_path)], capture_output=True, text=True,
+                       timeout=60, cwd=ROOT)
+    assert r.returncode == 0 and "ALIVE" in r.stdout, r.stderr
