@@ -2,7 +2,9 @@
 
 A ``.keras`` file is a zip archive; rank 0 writes the model (with its optimizer state) as Keras
 does, adds every rank's residuals beside it (``hvdp/residuals.json`` + ``hvdp/residuals.npz``,
-ignored by stock ``keras.models.load_model``) and renames the whole into place atomically. On
+ignored by stock ``keras.models.load_model``; an ``hvd.OuterOptimizer``'s outer state and its
+engines' residuals in ``hvdp/outer.json`` + ``hvdp/outer.npz``) and renames the whole into
+place atomically. On
 load (``saving``: ``hvd.load_model``, ``hvd.load_checkpoint``; it imports this module, not the
 other way round) each rank takes its own residuals back. Nothing is unpickled: ``extra`` is
 JSON, the arrays are read with ``allow_pickle=False``, the model by Keras in its safe mode.
@@ -17,14 +19,16 @@ import io
 import json
 import zipfile
 
+import keras
 import numpy as np
 
 from hvdp.checkpoint import atomic_save
 
 from .backend import BACKEND as B
-from .state import state_of
+from .state import outer_of, state_of
 
 _META, _DATA = "hvdp/residuals.json", "hvdp/residuals.npz"
+_OUTER_META, _OUTER_DATA = "hvdp/outer.json", "hvdp/outer.npz"
 
 
 def _reducer(model):
@@ -81,12 +85,83 @@ def restore_residuals(model, path):
     red.load_residual_state(per_rank[r] if r < len(per_rank) else {})
 
 
+def gather_outer(model):
+    """Collective: an ``hvd.OuterOptimizer``'s outer state (the same on every rank) and every
+    rank's residuals of its fragments' engines, or None (no outer steps, or none taken yet)."""
+    outer = outer_of(getattr(model, "optimizer", None))
+    if outer is None or outer.loop is None:
+        return None
+    shared = outer.loop.state()  # raises, saying so, while a fragment is in flight
+    engines = shared.pop("engines")
+    return shared, B.hvd.allgather_object(engines, name="hvdp.ckpt.outer")
+
+
+def _append_outer(path, outer):
+    shared, per_rank = outer
+    arrays = {f"g{i}": np.asarray(keras.ops.convert_to_numpy(g), np.float32) for i, g in enumerate(shared["globals"])}
+    arrays.update({f"m{i}": np.asarray(keras.ops.convert_to_numpy(m), np.float32)
+                   for i, m in enumerate(shared["momentum"]) if m is not None})
+    meta = {k: shared[k] for k in ("settings", "step", "warm", "auto", "outer_steps")}
+    meta.update(format=1, tensors=len(shared["globals"]), momentum=[m is not None for m in shared["momentum"]],
+                ranks=[])
+    for r, engines in enumerate(per_rank):
+        rows = []
+        for f, st in enumerate(engines):
+            red = st.get("reducer") or {}
+            rows.append({"step": st.get("step", 0), "codec": red.get("codec"), "size": red.get("size"),
+                         **{side: sorted(red.get(side) or {}) for side in ("worker", "server")}})
+            for side in ("worker", "server"):
+                for name, v in (red.get(side) or {}).items():
+                    arrays[f"r{r}.e{f}.{side}.{name}"] = np.asarray(v, np.float32)
+        meta["ranks"].append(rows)
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    with zipfile.ZipFile(path, "a") as z:
+        z.writestr(_OUTER_META, json.dumps(meta))
+        z.writestr(_OUTER_DATA, buf.getvalue())
+
+
+def read_outer(path):
+    """-> (the outer state, every rank's engine states) from a ``.keras`` file, or None."""
+    if not zipfile.is_zipfile(path):
+        return None
+    with zipfile.ZipFile(path) as z:
+        if _OUTER_META not in z.namelist():
+            return None
+        meta = json.loads(z.read(_OUTER_META))
+        data = np.load(io.BytesIO(z.read(_OUTER_DATA)), allow_pickle=False)
+        shared = {k: meta[k] for k in ("settings", "step", "warm", "auto", "outer_steps")}
+        shared["globals"] = [data[f"g{i}"] for i in range(meta["tensors"])]
+        shared["momentum"] = [data[f"m{i}"] if has else None for i, has in enumerate(meta["momentum"])]
+        def engine(r, f, row):
+            if row["codec"] is None:
+                return {"step": row["step"], "reducer": None}
+            sides = {side: {n: data[f"r{r}.e{f}.{side}.{n}"] for n in row[side]} for side in ("worker", "server")}
+            return {"step": row["step"], "reducer": {"codec": row["codec"], "size": row["size"], **sides}}
+        per_rank = [[engine(r, f, row) for f, row in enumerate(rows)] for r, rows in enumerate(meta["ranks"])]
+    return shared, per_rank
+
+
+def restore_outer(model, path):
+    """An ``hvd.OuterOptimizer``'s outer state and this rank's residuals from ``path``, taken up at
+    its next step (a rank that did not exist when saving starts its residuals from zero)."""
+    outer = outer_of(getattr(model, "optimizer", None))
+    got = read_outer(path) if outer is not None else None
+    if got is None:
+        return
+    shared, per_rank = got
+    r = B.hvd.rank()
+    outer.restore(dict(shared, engines=per_rank[r] if r < len(per_rank) else None))
+
+
 class CheckpointWriter:
-    """Gathers the residuals when made (collective: every rank); rank 0 then writes."""
+    """Gathers the residuals (and an outer-step optimizer's state) when made (collective: every
+    rank); rank 0 then writes."""
 
     def __init__(self, model, gather=True, extra=None):
         self.model, self.extra = model, dict(extra or {})
         self.per_rank = gather_residuals(model) if gather else None
+        self.outer = gather_outer(model) if gather else None
         try:
             json.dumps(self.extra)
         except TypeError as e:
@@ -98,6 +173,8 @@ class CheckpointWriter:
             type(self.model).save(self.model, tmp, *args, **kwargs)
             if str(path).endswith(".keras"):
                 _append(tmp, self.per_rank, self.extra)
+                if self.outer is not None:
+                    _append_outer(tmp, self.outer)
         atomic_save(str(path), write)
 
     def save_weights(self, path, *args, **kwargs):

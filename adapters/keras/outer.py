@@ -43,6 +43,7 @@ class KerasOuter:
         self.buffers = [v for v in (buffers or ()) if keras.backend.standardize_dtype(v.dtype).startswith("float")]
         # internal state
         self.variables, self.fragments, self.engines, self.loop = None, None, [], None
+        self.pending = None  # a checkpoint's outer state, taken up when the loop is made
 
     def before_step(self, variables) -> None:
         """At the first step, before its update: rank 0's variables on every rank (the common
@@ -64,6 +65,23 @@ class KerasOuter:
                            tensors=variable_entries(self.variables, names) if f == 0 else None)
             self.engines.append(eng)
         self.loop = OuterLoop(self.settings, B.ops, self.engines, self.fragments, self._values(), active=self._active)
+        if self.pending is not None:
+            self.restore(self.pending)
+
+    def restore(self, state: dict) -> None:
+        """A checkpoint's outer state (``hvd.load_checkpoint``): now if the loop exists, else at
+        the next step (the variables as loaded are the start: every rank gets rank 0's)."""
+        if self.loop is None:
+            self.pending = state
+            return
+        self.pending = None
+        def arrays(x):  # the file's numpy arrays as the backend's tensors
+            if isinstance(x, dict):
+                return {k: arrays(v) for k, v in x.items()}
+            if isinstance(x, list):
+                return [arrays(v) for v in x]
+            return keras.ops.convert_to_tensor(x) if isinstance(x, np.ndarray) else x
+        self.loop.load_state(dict(state, **{k: arrays(state[k]) for k in ("globals", "momentum", "engines")}))
 
     def _active(self) -> int:
         """The ranks taking part in the sync starting now: a 1 per rank summed (a rank that has

@@ -9,9 +9,9 @@ in ``checkpoint``; this module only reads (the dependency goes one way: saving -
 """
 import keras
 
-from .checkpoint import read_residuals, restore_residuals
+from .checkpoint import read_residuals, restore_outer, restore_residuals
 from .optimizer import DistributedOptimizer
-from .state import state_of
+from .state import outer_of, state_of
 
 
 def load_model(filepath, custom_optimizers=None, custom_objects=None, compression="none", legacy_opts=False,
@@ -63,11 +63,13 @@ def load_checkpoint(path, model=None, **load_model_kwargs):
         model = load_model(path, **load_model_kwargs)
     else:
         opt = getattr(model, "optimizer", None)
-        if state_of(opt) is None:
+        if state_of(opt) is None and outer_of(opt) is None:
             raise ValueError("hvd.load_checkpoint(path, model): compile the model with an "
-                             "hvd.DistributedOptimizer first, or pass no model to load it from the file")
+                             "hvd.DistributedOptimizer (or hvd.OuterOptimizer) first, or pass no model to "
+                             "load it from the file")
         if not opt.built:
             opt.build(model.trainable_variables)
         model.load_weights(path)
         restore_residuals(model, path)
+        restore_outer(model, path)
     return model, read_residuals(path)[1]

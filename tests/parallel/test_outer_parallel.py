@@ -12,7 +12,7 @@ pytestmark = pytest.mark.parallel
 
 CHECKS = ["data_parallelism", "ranks_identical_int8", "post_local_sgd", "warmup_post_local_sgd",
           "checkpoint_mid_interval", "save_checkpoint", "join", "auto", "refusals"]
-KERAS_CHECKS = ["refusals", "data_parallelism", "ranks_identical_int8", "custom_loop", "auto", "join"]
+KERAS_CHECKS = ["refusals", "data_parallelism", "ranks_identical_int8", "custom_loop", "auto", "join", "checkpoint"]
 
 
 @functools.lru_cache(maxsize=None)
