@@ -373,7 +373,11 @@ def plot(results, png):
 
 
 def run_links(size, seeds):
+    import torchft_diloco
     results = {"links": {}, "target": None, "final_losses": {}}
+    why = torchft_diloco.ensure_installed()  # its workers then report what failed, if anything
+    if why:
+        print(f"torchft: {why}", file=sys.stderr)
     ref = None
     jobs = [(rate, label, 0, True) for rate, label in LINKS] + [("none", "loopback", s, False) for s in range(1, seeds)]
     for rate, label, seed, full in jobs:

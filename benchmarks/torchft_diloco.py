@@ -21,8 +21,8 @@ used only to exchange the lighthouse address, broadcast rank 0's initial weights
 closing barrier.
 
 torchft is not a dependency of hvdp and must not touch the environment's torch: it lives in a
-``pip install --target`` directory keyed by version (``TORCHFT_DIR`` below, override with
-``HVDP_TORCHFT_DIR``), put at the *end* of ``sys.path`` so the environment's own packages win::
+``pip install --target`` directory keyed by version (``TORCHFT_DIR`` below; :func:`ensure_installed`
+makes it), put at the *end* of ``sys.path`` so the environment's own packages win::
 
     pip download torchft==0.2.0 --no-deps -d /tmp/tft
     pip install --no-deps --target ~/.cache/hvdp/torchft-0.2.0 /tmp/tft/torchft-0.2.0-*.whl
@@ -55,8 +55,23 @@ import torch
 import torch.distributed as dist
 
 TORCHFT_VERSION = "0.2.0"
-TORCHFT_DIR = os.environ.get("HVDP_TORCHFT_DIR",
-                             os.path.expanduser(f"~/.cache/hvdp/torchft-{TORCHFT_VERSION}"))
+TORCHFT_DIR = os.path.expanduser(f"~/.cache/hvdp/torchft-{TORCHFT_VERSION}")
+OTEL = ("opentelemetry-exporter-otlp-proto-http>=1.39.0", "opentelemetry-sdk>=1.39.0", "opentelemetry-api>=1.39.0")
+
+
+def ensure_installed() -> str:
+    """Install torchft (no dependencies: the environment's torch stays) and the opentelemetry
+    packages it imports into :data:`TORCHFT_DIR` when that is not there yet; -> "" or why not."""
+    import subprocess
+    if os.path.isfile(os.path.join(TORCHFT_DIR, ".complete")):
+        return ""
+    pip = [sys.executable, "-m", "pip", "install", "--quiet", "--target", TORCHFT_DIR]
+    for extra in (["--no-deps", f"torchft=={TORCHFT_VERSION}"], list(OTEL)):
+        r = subprocess.run(pip + extra, capture_output=True, text=True, timeout=900)
+        if r.returncode != 0:
+            return f"pip could not install {extra[-1]}: {(r.stderr or r.stdout).strip()[-300:]}"
+    open(os.path.join(TORCHFT_DIR, ".complete"), "w").close()
+    return ""
 
 
 def import_torchft():
