@@ -192,8 +192,16 @@ class NumpyOps:
         if x.shape[1] > 2:
             return np.linalg.qr(x)[0].astype(np.float32)
         for i in range(x.shape[1]):
-            norm = np.sqrt(np.sum(x[:, i] * x[:, i]))
-            x[:, i] = x[:, i] / norm if norm > 0 else 0.0
+            # the column scaled by a power of two first (its largest |value| to [0.5, 1)): a float32
+            # sum of squares overflows above ~1.8e19 and underflows below ~1e-19 (the column, so
+            # the matrix, would come out zero); the scaling is exact, so where the plain sum is in
+            # range the bits are the same. The torch and TF ops do the same.
+            col = x[:, i]
+            big = float(np.max(np.abs(col))) if col.size else 0.0
+            if 0 < big < np.inf:
+                col = col * np.float32(2.0 ** -int(np.clip(np.frexp(big)[1], -126, 126)))
+            norm = np.sqrt(np.sum(col * col))
+            x[:, i] = col / (norm if norm > 0 else np.float32(1.0))  # zero stays zero, NaN stays NaN (as torch, TF)
             if i + 1 < x.shape[1]:
                 x[:, i + 1:] -= np.sum(x[:, i:i + 1] * x[:, i + 1:], axis=0) * x[:, i:i + 1]
         return x

@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-# -128 (a non-finite element's code) and 1e-38 (a flagged block's least |scale|) are the int8
+# -128 (a non-finite element's code) and 1e-38 (a flagged block's |scale| where its scale is 0) are the int8
 # codec's constants (hvdp/codecs/int8.py), written as literals inside the kernels.
 _EXACT = {"enable_fp_fusion": False, "enable_reflect_ftz": False}
 
@@ -71,10 +71,10 @@ def _quant(y, QMAX: tl.constexpr, NF: tl.constexpr, HAS_RES: tl.constexpr):
     q = (tl.math.div_rn(y, safe[:, None]) + 12582912.0) - 12582912.0
     q = tl.minimum(tl.maximum(q, -QMAX), QMAX)
     q = tl.where(finite, q, NF)
-    stored = tl.where(flagged, -tl.maximum(scale, 1e-38), scale).to(tl.float32)
+    stored = tl.where(flagged, -tl.where(scale > 0, scale, 1e-38), scale).to(tl.float32)
     r = y
     if HAS_RES:
-        dscale = tl.where(flagged, tl.maximum(scale, 1e-38), scale).to(tl.float32)  # what decode multiplies by
+        dscale = tl.where(flagged & (scale <= 0), 1e-38, scale).to(tl.float32)  # what decode multiplies by
         r = y - q * dscale[:, None]
         r = tl.where(finite & (tl.abs(r) < float("inf")), r, 0.0)
     return q, stored, r

@@ -116,6 +116,12 @@ class TorchOps:
         x = x2d.clone()
         for i in range(x.shape[1]):
             col = x[:, i:i + 1]
+            # scaled by a power of two first, as the numpy reference (hvdp/ops.py): the float32
+            # sum of squares would overflow above ~1.8e19 and underflow below ~1e-19
+            big = col.abs().amax()
+            exp = torch.frexp(big).exponent.clamp(-126, 126)
+            one = torch.ones_like(big)
+            col *= torch.where((big > 0) & torch.isfinite(big), torch.ldexp(one, -exp), one)
             norm = torch.linalg.vector_norm(col)
             col /= torch.where(norm > 0, norm, torch.ones_like(norm))  # a zero column stays zero
             if i + 1 < x.shape[1]:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from .base import Codec, register
 
 _NONFINITE = -128
-_TINY = 1e-38  # flag magnitude for a flagged block whose finite elements are all zero
+_TINY = 1e-38  # flag magnitude for a flagged block whose finite elements are all zero (its scale is 0)
 
 
 def _per_block_scale(ops, absmax, qmax=127.0):
@@ -40,7 +40,9 @@ def quantise_blocks(ops, x2, qmax, nonfinite):
     q = ops.clip(ops.round(x2 / ops.reshape(safe, (-1, 1))), -qmax, qmax)
     q = ops.where(finite, q, float(nonfinite))
     flagged = ops.amax_rows(ops.where(finite, 0.0, 1.0)) > 0
-    return q, ops.where(flagged, -ops.where(scale > _TINY, scale, _TINY), scale)
+    # a flagged block stores -scale (decoded by |stored|: the codes' own scale, however small),
+    # or -_TINY where its scale is 0 (all its finite elements are zero): -0.0 is no flag
+    return q, ops.where(flagged, -ops.where(scale > 0, scale, _TINY), scale)
 
 
 def dequantise_blocks(ops, q2, stored, nonfinite):

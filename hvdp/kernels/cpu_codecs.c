@@ -65,7 +65,7 @@ INLINE float quant_block(const float *restrict x, const float *restrict prev, in
 #undef CODES
         return scale;
     }
-    float mag = scale > TINY ? scale : TINY;
+    float mag = scale > 0.0f ? scale : TINY;  /* the codes' scale; TINY only flags a zero one */
     for (int64_t i = 0; i < B; i++) {
         float y = Y(i);
         uint32_t fin = (fbits(y) & 0x7fffffffu) < 0x7f800000u;

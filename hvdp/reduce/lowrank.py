@@ -147,7 +147,9 @@ class LowRankReducer(Reducer):
         for p, q0 in zip(lay.parts, first):
             q = ops.reshape(kept[p.q_off:p.q_off + p.m * p.r], (p.m, p.r))
             ones = ops.reshape(ops.zeros(p.m, "float32", like=q) + 1.0, (1, p.m))
-            out.append(ops.where(ops.matmul(ones, q * q) > 0, q, q0))  # (1, r): column norms squared
+            # (1, r): each column's sum of |q|, zero only for a zero column (q * q underflowed to
+            # zero below ~1e-19: a tiny matrix lost its warm start)
+            out.append(ops.where(ops.matmul(ones, ops.abs(q)) > 0, q, q0))
         return out, kept
 
     def _matrix(self, x, p):
