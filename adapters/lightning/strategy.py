@@ -162,6 +162,13 @@ class HorovodStrategy(ParallelStrategy):
     def barrier(self, name: Optional[str] = None) -> None:
         collectives.barrier()
 
+    def teardown(self) -> None:
+        # a later Trainer over the same module makes new optimizers; these must stop reducing
+        for opt in self.optimizers:
+            if is_distributed(opt):
+                opt.remove_hooks()
+        super().teardown()
+
     def on_exception(self, exception: BaseException) -> None:
         if isinstance(exception, AssertionError) and "backward_passes_per_step" in str(exception):
             exception.args = (str(exception) + "; under Lightning: Trainer(accumulate_grad_batches=k) with "

@@ -250,6 +250,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return super(_made(self), self).zero_grad(set_to_none=set_to_none)
 
     # --- hvdp additions ---------------------------------------------------------------------
+    def remove_hooks(self) -> None:
+        """Stop reducing: the gradient hooks leave the parameters (a training framework calls it
+        when its run ends, so a later optimizer over the same parameters is the only one reducing)."""
+        for h in self._hooks:
+            h.remove()
+        self._hooks, self._hooked = [], set()
+
     def check_agreement(self):
         """Raise the same error on every rank unless all ranks reduce the same tensors the same
         way (run at creation and after every elastic reset; ``HVDP_CHECK_AGREEMENT=0``: never)."""

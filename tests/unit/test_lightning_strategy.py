@@ -82,3 +82,32 @@ def test_two_optimizers_sharing_a_parameter_are_refused():
     a, b = torch.optim.SGD(model.parameters(), lr=0.1), torch.optim.SGD([model.weight], lr=0.1)
     with pytest.raises(ValueError, match="weight is in optimizers 0 and 1"):
         wrap_optimizers(model, [a, b], [], 1, {"compression": "none"})
+
+
+def test_a_second_trainer_over_the_same_module():
+    """The first Trainer's optimizer stops reducing when its fit ends (its hooks would otherwise
+    count the second run's backward passes too and fail it)."""
+    import lightning.pytorch as pl
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from hvdp.lightning import HorovodStrategy
+
+    class Module(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = torch.nn.Linear(4, 1)
+
+        def training_step(self, batch, batch_idx):
+            return self.net(batch[0]).pow(2).mean()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    module = Module()
+    data = DataLoader(TensorDataset(torch.randn(16, 4)), batch_size=4)
+    trainers = [pl.Trainer(max_epochs=1, strategy=HorovodStrategy(compression="int8"), logger=False,
+                           enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+                for _ in range(2)]
+    for t in trainers:  # both stay alive, so the first one's optimizer does too
+        t.fit(module, data)
+    assert trainers[1].global_step == 4

@@ -235,6 +235,10 @@ def check_metrics():
     assert s.reduce_boolean_decision(hvd.rank() == 0, all=False) and not s.reduce_boolean_decision(hvd.rank() == 0)
     assert s.reduce(torch.tensor([hvd.rank()]), reduce_op="mean").item() == 0.5
     s.barrier()
+    # a second Trainer over the same module while the first is alive: only its optimizer reduces
+    t2 = trainer(HorovodStrategy(compression="int8"), epochs=1)
+    t2.fit(lm, loader())
+    same_on_ranks(lm.net, "second_fit")
 
 
 def fabric_run(epochs, first=0, path_in=None, path_out=None, **kw):
