@@ -26,19 +26,24 @@ class AuditLog:
         if self.file:
             self.file.write(json.dumps(record) + "\n")
 
-    def final(self, arrays, size, accuracy):
-        digest = hashlib.sha256(b"".join(a.tobytes() for a in arrays)).hexdigest()
-        self.write(final=digest, size=size, test_accuracy=accuracy)
+    def final(self, arrays, size, accuracy, **extra):
+        self.write(final=digest(arrays), size=size, test_accuracy=accuracy, **extra)
 
 
-def end_step(state, block, size, log, sleep=0.0):
-    """``block``: every rank's (sample ids, loss sum) of this step, from allgather_object."""
+def digest(arrays):
+    """sha256 of the arrays' bytes (numpy arrays), in order."""
+    return hashlib.sha256(b"".join(a.tobytes() for a in arrays)).hexdigest()
+
+
+def end_step(state, block, size, log, sleep=0.0, extra=None):
+    """``block``: every rank's (sample ids, loss sum) of this step, from allgather_object;
+    ``extra``: more fields for this step's record."""
     state.sampler.record_batch()
     state.commits += 1
     ids = [i for part, _ in block for i in part]
     # logged before commit(): it saves first, then may raise to reset when hosts changed
     log.write(commit=state.commits, epoch=state.epoch, t=time.time(), size=size, ids=ids,
-              loss=sum(s for _, s in block) / max(1, len(ids)))
+              loss=sum(s for _, s in block) / max(1, len(ids)), **(extra or {}))
     state.commit()
     if sleep:
         time.sleep(sleep)

@@ -19,6 +19,7 @@ Example::
             state.sampler.set_epoch(state.epoch)
             state.commit()
 """
+import abc
 import copy
 
 import horovod.torch as _hvd
@@ -31,6 +32,7 @@ from horovod.torch.elastic.state import (OptimizerStateHandler, StateHandler, ge
 from hvdp.cluster.elastic import ElasticOrder
 
 from .functions import broadcast_optimizer_state
+from .tensors import broadcast_
 
 
 class ElasticSampler(ElasticOrder, torch.utils.data.Sampler):
@@ -90,9 +92,87 @@ class _OptimizerHandler(OptimizerStateHandler):
         broadcast_optimizer_state(self.value, root_rank=0)
 
 
+class _Outer(abc.ABC):
+    """Matches an ``hvd.OuterOptimizer`` (its class is made on the fly from the user's, so it is
+    told by a class attribute)."""
+
+    @classmethod
+    def __subclasshook__(cls, sub):
+        return True if getattr(sub, "_hvdp_outer", False) else NotImplemented
+
+
+class _OuterHandler(_OptimizerHandler):
+    """``hvd.OuterOptimizer`` through a reset (docs/outer-steps.md, "Elastic training").
+
+    ``save``: its ``state_dict`` (global parameters, outer momentum, step counters, this rank's
+    residuals, inner state and local parameters); a fragment in flight (``delay > 0``) is saved
+    as not synced, so a commit at any step works and a restore drops that one sync. ``restore``:
+    each rank's own back. ``sync``: rank 0's outer state and inner optimizer state on every rank,
+    every rank's parameters restarted from the global ones (what a lost worker's interval had
+    done is lost, nothing before it), each rank's residuals kept where their layout is unchanged
+    (the server side only at the same number of workers; a new rank starts from zero).
+    """
+
+    def __init__(self, optimizer):
+        StateHandler.__init__(self, optimizer)
+        self.save()
+
+    def save(self):
+        self._saved_optimizer_state = copy.deepcopy(self.value.state_dict(drop_in_flight=True))
+        self._size = self.value.engines[0].comm.size  # the residuals' number of workers
+
+    def _clear(self):
+        for eng in self.value.engines:  # a failed sync's reductions; Horovod's handles are gone
+            eng.abort()
+
+    def restore(self):
+        self._clear()
+        saved = self._saved_optimizer_state  # a copy: load_state_dict keeps the tensors it is given
+        self.value.load_state_dict(copy.deepcopy(saved))
+        if "hvdp_outer" not in saved:  # committed before the first step
+            self.value.outer = None
+
+    def sync(self):
+        opt = self.value
+        self._clear()
+        if opt.outer is not None and opt.outer.in_flight:  # a reset right after commit(): its state
+            self.restore()
+        opt.check_agreement()
+        loop, comm = opt.outer, opt.engines[0].comm
+        mine = None
+        if loop is not None:
+            mine = {k: v for k, v in loop.state(drop_in_flight=True).items()
+                    if k not in ("globals", "momentum", "engines")}
+            mine.update(has_momentum=[m is not None for m in loop.momentum], engine_steps=[e.step for e in opt.engines])
+        meta = _hvd.broadcast_object(mine, 0, name="hvdp.outer.elastic.meta")
+        inner = _hvd.broadcast_object(super(type(opt), opt).state_dict(), 0, name="hvdp.outer.elastic.inner")
+        if meta is None:  # rank 0 has not stepped yet: nor has anyone
+            opt.load_state_dict(inner)
+            opt.outer = None
+            return
+        params = [p for g in opt.param_groups for p in g["params"]]
+        globs = loop.globals if loop is not None else [torch.zeros_like(p, dtype=torch.float32) for p in params]
+        moms = [(loop.momentum[i] if loop is not None and loop.momentum[i] is not None else torch.zeros_like(g))
+                if has else None for i, (g, has) in enumerate(zip(globs, meta.pop("has_momentum")))]
+        broadcast_([(f"hvdp.outer.elastic.g{i}", g) for i, g in enumerate(globs)] +
+                   [(f"hvdp.outer.elastic.m{i}", m) for i, m in enumerate(moms) if m is not None], 0,
+                   comm.process_set)
+        steps = meta.pop("engine_steps")
+        own = [e.state() if loop is not None else {"reducer": None} for e in opt.engines]
+        for st, step in zip(own, steps):  # rank 0's count (a policy warm-up must end on every rank at once)
+            st["step"] = step
+            if isinstance(st.get("reducer"), dict) and "size" in st["reducer"]:
+                st["reducer"] = dict(st["reducer"], size=self._size)  # made at that size: kept where it matches
+        # no local parameters: every rank starts from the global ones (OuterOptimizer.load_state_dict)
+        opt.load_state_dict(dict(inner, hvdp_outer=dict(meta, globals=globs, momentum=moms),
+                                 hvdp={"engines": own, "local": None, "inner": inner}))
+        self._size = comm.size
+
+
 def _install_handlers():
-    registry = [r for r in get_handler_registry() if r[1] not in (_OrderHandler, _OptimizerHandler)]
-    set_handler_registry([(ElasticOrder, _OrderHandler), (torch.optim.Optimizer, _OptimizerHandler)] + registry)
+    registry = [r for r in get_handler_registry() if r[1] not in (_OrderHandler, _OuterHandler, _OptimizerHandler)]
+    set_handler_registry([(ElasticOrder, _OrderHandler), (_Outer, _OuterHandler),
+                          (torch.optim.Optimizer, _OptimizerHandler)] + registry)
 
 
 _install_handlers()

@@ -33,6 +33,8 @@ _OPS = TorchOps()
 class _OuterOptimizer(torch.optim.Optimizer):
     """The user's optimizer class with outer steps after its ``step`` (see the module's docstring)."""
 
+    _hvdp_outer = True  # how hvd.elastic tells this class (made on the fly from the user's) apart
+
     def __init__(self, params, named_parameters, outer, codec, hvd_compressor, policy, buffers, process_set):
         super(self.__class__, self).__init__(params)
         self._outer_settings, self._process_set = outer, process_set
@@ -137,18 +139,24 @@ class _OuterOptimizer(torch.optim.Optimizer):
         items += [(f"hvdp.outer.join.m{i}", m) for i, m in enumerate(loop.momentum) if m is not None]
         broadcast_(items, root, self._process_set)
 
+    def check_agreement(self):
+        """Raise the same error on every rank unless all ranks reduce the same tensors with the
+        same outer settings (after an elastic reset: new workers may differ)."""
+        self.engines[0].check(agreement_entries(self.param_groups, self._names))
+
     def compression_stats(self) -> dict:
         """Each fragment's ``compression_stats()`` (per sync) and the bytes one worker sends per
         inner step: every fragment's mean bytes per sync, divided by H."""
         return stats(self._outer_settings, self.engines, self.outer)
 
-    def state_dict(self):
+    def state_dict(self, drop_in_flight=False):
         """The inner optimizer's state, the outer loop's (``hvdp_outer``: the same on every rank)
         and this rank's own (``hvdp``: its residuals, its inner optimizer's state and, inside an
-        interval, its local parameters; ``hvd.save_checkpoint`` keeps every rank's)."""
+        interval, its local parameters; ``hvd.save_checkpoint`` keeps every rank's).
+        ``drop_in_flight`` (elastic commits): see ``OuterLoop.state``."""
         state = super(self.__class__, self).state_dict()
         if self.outer is not None:
-            outer = self.outer.state()
+            outer = self.outer.state(drop_in_flight)
             state["hvdp"] = {"engines": outer.pop("engines"), "local": [p.detach().clone() for p in self._params],
                              "inner": super(self.__class__, self).state_dict()}
             state["hvdp_outer"] = outer

@@ -223,12 +223,15 @@ class OuterLoop:
         return out
 
     # --- what a checkpoint carries ------------------------------------------------------------
-    def state(self) -> dict:
+    def state(self, drop_in_flight: bool = False) -> dict:
         """The global parameters, the outer momentum, the step within the interval (the same on
         every rank) and every fragment's engine state (``engines``: this rank's residuals). A
         fragment in flight cannot be saved: checkpoint where :attr:`in_flight` is False (always,
-        with ``delay=0``)."""
-        if self._inflight:
+        with ``delay=0``). ``drop_in_flight`` (an elastic commit, which must not fail): saved as
+        if a fragment in flight had not synced (its global parameters, momentum and count are
+        still those before its sync; its engine's residuals as they are), so loading this state
+        drops that sync."""
+        if self._inflight and not drop_in_flight:
             raise RuntimeError(f"outer steps: fragment(s) {sorted(self._inflight)} are being reduced (delay="
                                f"{self.settings.delay}); save the checkpoint at a step where none is in "
                                "flight (OuterLoop.in_flight is False)")
