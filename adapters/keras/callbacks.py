@@ -2,6 +2,8 @@
 import keras
 import numpy as np
 
+from hvdp.checkpoint import rank0_writes
+
 from .backend import BACKEND as B
 from .checkpoint import CheckpointWriter
 from .functions import broadcast_variables
@@ -201,20 +203,24 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
     ``.keras`` file, and ``hvd.load_model`` / ``hvd.load_checkpoint`` give each rank its own back.
     Weights-only checkpoints hold no optimizer state, hence no residuals.
 
-    Every rank must have it in its callbacks (the gathering is a collective).
+    Every rank must have it in its callbacks (the gathering is a collective). Where rank 0's
+    write fails (a full or read-only disk), the previous file stays and every rank's ``fit``
+    raises the same ``hvdp.checkpoint.CheckpointWriteError`` (an ``OSError``: path and cause).
     """
 
     def _save_model(self, epoch, batch, logs):
         writer = CheckpointWriter(self.model, gather=not self.save_weights_only)  # every rank
-        if B.hvd.rank() != 0:
-            return
         model = self.model
-        model.save = lambda path, *a, **k: writer.save(path, *a, **k)
-        model.save_weights = lambda path, *a, **k: writer.save_weights(path, *a, **k)
-        try:
-            return super()._save_model(epoch, batch, logs)
-        finally:
-            del model.save, model.save_weights  # back to the class's methods
+
+        def write():
+            model.save = lambda path, *a, **k: writer.save(path, *a, **k)
+            model.save_weights = lambda path, *a, **k: writer.save_weights(path, *a, **k)
+            try:
+                super(ModelCheckpoint, self)._save_model(epoch, batch, logs)
+            finally:
+                del model.save, model.save_weights  # back to the class's methods
+        rank0_writes(write, B.hvd.rank(), B.hvd.broadcast_object, str(self.filepath),
+                     what="hvd.callbacks.ModelCheckpoint", name="hvdp.ckpt.callback")
 
 
 class BestModelCheckpoint(ModelCheckpoint):

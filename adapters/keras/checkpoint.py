@@ -22,7 +22,7 @@ import zipfile
 import keras
 import numpy as np
 
-from hvdp.checkpoint import atomic_save
+from hvdp.checkpoint import atomic_save, rank0_writes
 
 from .backend import BACKEND as B
 from .state import outer_of, state_of
@@ -183,7 +183,9 @@ class CheckpointWriter:
 
 def save_checkpoint(path, model, **extra):
     """Collective: call on every rank. Rank 0 writes ``path`` (a ``.keras`` file: the model, its
-    optimizer state, every rank's residuals and ``extra``), atomically.
+    optimizer state, every rank's residuals and ``extra``), atomically. Where the write fails
+    (a full or read-only disk), the previous file stays and every rank raises the same
+    ``hvdp.checkpoint.CheckpointWriteError`` (an ``OSError``: path and cause).
 
     Example::
 
@@ -192,6 +194,5 @@ def save_checkpoint(path, model, **extra):
     if not str(path).endswith(".keras"):
         raise ValueError(f"hvd.save_checkpoint writes a .keras file; got '{path}': name it '<name>.keras'")
     writer = CheckpointWriter(model, True, extra)
-    if B.hvd.rank() == 0:
-        writer.save(path)
-    B.hvd.broadcast_object(None, root_rank=0, name="hvdp.ckpt.done")  # rank 0 is done writing
+    # every rank learns that rank 0 is done writing, or raises its error (CheckpointWriteError)
+    rank0_writes(lambda: writer.save(path), B.hvd.rank(), B.hvd.broadcast_object, str(path))

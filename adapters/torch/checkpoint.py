@@ -19,11 +19,13 @@ import pickle
 import horovod.torch as _hvd
 import torch
 
-from hvdp.checkpoint import atomic_write
+from hvdp.checkpoint import atomic_write, rank0_writes
 
 
 def save_checkpoint(path, model, optimizer=None, **extra):
     """Collective: call on every rank. Rank 0 writes ``path`` (temporary file, fsync, rename).
+    Where the write fails (a full or read-only disk), the previous file stays and every rank
+    raises the same ``hvdp.checkpoint.CheckpointWriteError`` (an ``OSError``: path and cause).
 
     ``extra`` values made of tensors, numbers, strings, lists and dicts load back with the safe
     default of :func:`load_checkpoint`; other objects need ``weights_only=False`` there.
@@ -36,11 +38,12 @@ def save_checkpoint(path, model, optimizer=None, **extra):
     per_rank = None
     if opt_state is not None and "hvdp" in opt_state:
         per_rank = _hvd.allgather_object(opt_state.pop("hvdp"), name="hvdp.ckpt.gather")
-    if _hvd.rank() == 0:
+    def write():
         state = {"model": model.state_dict(), "optimizer": opt_state, "hvdp_per_rank": per_rank,
                  "size": _hvd.size(), "extra": extra}
         atomic_write(path, lambda f: torch.save(state, f))
-    _hvd.broadcast_object(None, root_rank=0, name="hvdp.ckpt.done")  # rank 0 is done writing
+    # every rank learns that rank 0 is done writing, or raises its error (CheckpointWriteError)
+    rank0_writes(write, _hvd.rank(), _hvd.broadcast_object, str(path))
 
 
 def own_state(per_rank, rank):

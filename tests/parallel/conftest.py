@@ -35,3 +35,38 @@ def checks_passed(output):
     for name, rank in re.findall(r"CHECK (\S+) OK rank=(\d+)", output):
         seen.setdefault(name, set()).add(rank)
     return seen
+
+
+def scratch_disks():
+    """Mount a full-able and a read-only disk for the checkpoint checks: -> (a context manager
+    yielding the workers' environment and unmounting on leaving, None) or (None, why they cannot
+    be mounted here). HVDP_TEST_DISK_FULL: a 256 KiB tmpfs; HVDP_TEST_DISK_RO: a read-only bind
+    mount of HVDP_TEST_DISK_RO_SRC (root ignores chmod, so a mount it is)."""
+    import contextlib
+    import tempfile
+    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+        return None, "mounting a small tmpfs and a read-only bind mount needs root"
+    base = tempfile.mkdtemp(prefix="hvdp-disk-")
+    full, src, ro = (os.path.join(base, d) for d in ("full", "src", "ro"))
+    for d in (full, src, ro):
+        os.mkdir(d)
+
+    def unmount():
+        for d in (ro, full):  # (os.path.ismount cannot see a bind mount of the same filesystem)
+            subprocess.run(["umount", d], capture_output=True, timeout=30)
+        shutil.rmtree(base, ignore_errors=True)
+
+    for cmd in (["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", full], ["mount", "--bind", src, ro],
+                ["mount", "-o", "remount,bind,ro", ro]):
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+        if r.returncode != 0:
+            unmount()
+            return None, f"cannot mount here ({' '.join(cmd[:-1])}): {r.stderr.strip()}"
+
+    @contextlib.contextmanager
+    def mounted():
+        try:
+            yield {"HVDP_TEST_DISK_FULL": full, "HVDP_TEST_DISK_RO": ro, "HVDP_TEST_DISK_RO_SRC": src}
+        finally:
+            unmount()
+    return mounted(), None

@@ -9,7 +9,7 @@ import tempfile
 
 import pytest
 
-from conftest import CONTROLLERS, ROOT, WORKERS, checks_passed, horovodrun
+from conftest import CONTROLLERS, ROOT, WORKERS, checks_passed, horovodrun, scratch_disks
 
 pytestmark = pytest.mark.parallel
 
@@ -19,12 +19,24 @@ CHECKS = ["numpy_collectives", "stats_shape", "fit_equal", "fit_bpps", "custom_l
           "save_for_other_size", "syncbn"]
 
 
+DISK_SKIPPED = {}  # (controller, backend) -> why its job ran without the full / read-only disk check
+
+
 @functools.lru_cache(maxsize=None)
 def run_checks(controller, backend):
-    """-> (returncode, output, the folder where save_for_other_size left its checkpoint)."""
+    """The Gloo jobs also run the full / read-only disk check where this machine can mount them.
+    -> (returncode, output, the folder where save_for_other_size left its checkpoint)."""
     folder = tempfile.mkdtemp(prefix=f"hvdp-keras-{backend}-{controller}-")
-    rc, out = horovodrun([os.path.join(WORKERS, "keras_checks.py")] + CHECKS, controller=controller,
-                         timeout=540, env={"KERAS_BACKEND": backend, "HVDP_TEST_CKPT_DIR": folder})
+    env = {"KERAS_BACKEND": backend, "HVDP_TEST_CKPT_DIR": folder}
+    disks, why = scratch_disks() if controller == "gloo" else (None, "run in the Gloo jobs only")
+    if disks is None:
+        DISK_SKIPPED[controller, backend] = why
+        rc, out = horovodrun([os.path.join(WORKERS, "keras_checks.py")] + CHECKS, controller=controller,
+                             timeout=540, env=env)
+        return rc, out, folder
+    with disks as disk_env:
+        rc, out = horovodrun([os.path.join(WORKERS, "keras_checks.py")] + CHECKS + ["disk"], controller=controller,
+                             timeout=540, env={**env, **disk_env})
     return rc, out, folder
 
 
@@ -36,6 +48,19 @@ def test_keras_check(controller, backend, check):
     rc, out, _ = run_checks(controller, backend)
     assert checks_passed(out).get(check) == {"0", "1"}, \
         f"check {check} not passed on both ranks ({backend}, rc={rc}):\n{out[-4000:]}"
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_keras_checkpoint_on_full_or_read_only_disk(backend):
+    """hvd.save_checkpoint and hvd.callbacks.ModelCheckpoint onto a full tmpfs and a read-only
+    mount (tests/parallel/workers/keras_checkpoint_checks.py, check_full_or_read_only_disk): every
+    rank raises the same CheckpointWriteError naming the path and the cause, the previous
+    checkpoints load whole."""
+    rc, out, _ = run_checks("gloo", backend)
+    if ("gloo", backend) in DISK_SKIPPED:
+        pytest.skip(DISK_SKIPPED["gloo", backend])
+    assert checks_passed(out).get("disk") == {"0", "1"}, f"not passed on both ranks (rc={rc}):\n{out[-4000:]}"
 
 
 @pytest.mark.timeout(600)

@@ -7,7 +7,7 @@ import tempfile
 
 import pytest
 
-from conftest import CONTROLLERS, ROOT, WORKERS, checks_passed, horovodrun
+from conftest import CONTROLLERS, ROOT, WORKERS, checks_passed, horovodrun, scratch_disks
 
 pytestmark = pytest.mark.parallel
 
@@ -16,13 +16,24 @@ CHECKS = ["grad_average", "two_equal_one", "bpps", "broadcast", "amp", "codecs",
           "save_for_other_size", "elastic_restore", "horovod_options", "freed"]
 
 
+DISK_SKIPPED = {}  # controller -> why its job ran without the full / read-only disk check
+
+
 @functools.lru_cache(maxsize=None)
 def run_job(controller):
-    """One job per controller runs every check (each launch costs seconds of start-up).
+    """One job per controller runs every check (each launch costs seconds of start-up); the
+    Gloo job also the full / read-only disk check where this machine can mount them.
     -> (returncode, output, the folder where save_for_other_size left its checkpoint)."""
     folder = tempfile.mkdtemp(prefix=f"hvdp-torch-{controller}-")
-    rc, out = horovodrun([os.path.join(WORKERS, "torch_checks.py")] + CHECKS, controller=controller,
-                         timeout=300, env={"HVDP_TEST_CKPT_DIR": folder})
+    disks, why = scratch_disks() if controller == "gloo" else (None, "run in the Gloo job only")
+    if disks is None:
+        DISK_SKIPPED[controller] = why
+        rc, out = horovodrun([os.path.join(WORKERS, "torch_checks.py")] + CHECKS, controller=controller,
+                             timeout=300, env={"HVDP_TEST_CKPT_DIR": folder})
+        return rc, out, folder
+    with disks as env:
+        rc, out = horovodrun([os.path.join(WORKERS, "torch_checks.py")] + CHECKS + ["disk"], controller=controller,
+                             timeout=300, env={"HVDP_TEST_CKPT_DIR": folder, **env})
     return rc, out, folder
 
 
@@ -36,6 +47,16 @@ def test_torch_check(controller, check):
     rc, out = run_checks(controller)
     passed = checks_passed(out)
     assert passed.get(check) == {"0", "1"}, f"check {check} not passed on both ranks (rc={rc}):\n{out[-4000:]}"
+
+
+def test_torch_checkpoint_on_full_or_read_only_disk():
+    """hvd.save_checkpoint onto a full tmpfs and a read-only mount (tests/parallel/workers/
+    torch_checkpoint_checks.py, check_full_or_read_only_disk): every rank raises the same
+    CheckpointWriteError naming the path and the cause, the previous checkpoint loads whole."""
+    rc, out = run_checks("gloo")
+    if "gloo" in DISK_SKIPPED:
+        pytest.skip(DISK_SKIPPED["gloo"])
+    assert checks_passed(out).get("disk") == {"0", "1"}, f"not passed on both ranks (rc={rc}):\n{out[-4000:]}"
 
 
 def test_job_exit_code():

@@ -85,3 +85,57 @@ def test_atomic_save_keeps_the_old_file_when_the_writer_fails(tmp_path):
     with pytest.raises(OSError, match="disk full"):
         atomic_save(path, broken)
     assert open(path).read() == "v1" and os.listdir(tmp_path) == ["model.keras"]
+
+
+def test_a_refused_write_names_the_path_and_the_cause(tmp_path):
+    """A writer that reports a full disk as an error of its own (torch.save's RuntimeError,
+    raised while handling the OSError): CheckpointWriteError with errno ENOSPC, the path and how
+    far the write got; the previous file is left, the temporary removed."""
+    import errno
+    from hvdp.checkpoint import CheckpointWriteError, atomic_write
+    path = str(tmp_path / "c.pt")
+    atomic_write(path, lambda f: f.write(b"v1"))
+
+    def full(f):
+        f.write(b"x" * 1000)
+        try:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        except OSError:
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos")
+
+    with pytest.raises(CheckpointWriteError) as got:
+        atomic_write(path, full)
+    e = got.value
+    assert isinstance(e, OSError) and e.errno == errno.ENOSPC and e.filename == path
+    assert f"'{path}'" in str(e) and "No space left on device (ENOSPC)" in str(e), str(e)
+    assert "1,000 bytes handed to the file" in str(e), str(e)
+    assert open(path, "rb").read() == b"v1" and os.listdir(tmp_path) == ["c.pt"]
+
+
+def test_rank0_writes_gives_every_rank_the_same_error():
+    """Two simulated ranks: rank 0's write fails, the broadcast carries it, both raise the same
+    CheckpointWriteError (rank 0's chained to the original); a write that works raises nowhere."""
+    import errno
+    from hvdp.checkpoint import CheckpointWriteError, rank0_writes
+    sent = []
+
+    def bcast(obj, root_rank, name):
+        if obj is not None or not sent:
+            sent.append(obj)
+        return sent[-1]
+
+    def refused():
+        raise CheckpointWriteError("could not write the checkpoint '/d/c.pt': Read-only file system (EROFS).",
+                                   errno.EROFS, "Read-only file system", "/d/c.pt")
+    got = []
+    for rank in (0, 1):
+        with pytest.raises(CheckpointWriteError) as e:
+            rank0_writes(refused, rank, bcast, "/d/c.pt")
+        got.append((e.value.errno, e.value.filename, str(e.value), e.value.__cause__ is not None))
+    assert got[0][:3] == got[1][:3] and got[0][3] and not got[1][3], got
+    assert got[0][2].startswith("hvd.save_checkpoint: rank 0 could not write the checkpoint '/d/c.pt'"), got
+    sent.clear()
+    done = []
+    for rank in (0, 1):
+        rank0_writes(lambda: done.append(rank), rank, bcast, "/d/c.pt")
+    assert done == [0]

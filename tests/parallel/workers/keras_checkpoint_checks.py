@@ -146,3 +146,72 @@ def check_resume_other_size():
     x, y = data(16, seed=5)
     h = model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
     assert np.isfinite(h.history["loss"][-1])
+
+
+def _every_rank_same_error(save, path, errno_, cause, tag):
+    """``save()`` fails on every rank with the same CheckpointWriteError naming ``path`` and
+    ``cause``; -> its message."""
+    from hvdp.checkpoint import CheckpointWriteError
+    try:
+        save()
+    except CheckpointWriteError as e:
+        got = (type(e).__name__, e.errno, e.filename, str(e))
+    else:
+        raise AssertionError(f"rank {hvd.rank()}: saving to {path} did not fail")
+    every = hvd.allgather_object(got, name=f"kdisk.{tag}")
+    assert all(g == every[0] for g in every), every  # the same error on every rank
+    assert got[1] == errno_ and got[2] == path and path in got[3] and cause in got[3], got
+    assert "No rank has saved" in got[3], got
+    if hvd.rank() == 0:
+        print(f"  {got[3]}", flush=True)
+    return got[3]
+
+
+def check_full_or_read_only_disk():
+    """hvd.save_checkpoint and hvd.callbacks.ModelCheckpoint onto a full 256 KiB tmpfs
+    ($HVDP_TEST_DISK_FULL) and a read-only bind mount ($HVDP_TEST_DISK_RO of
+    $HVDP_TEST_DISK_RO_SRC), mounted by the test: a first checkpoint that fits, then a model that
+    does not: every rank raises the same CheckpointWriteError (out of ``fit`` for the callback)
+    naming the path and the cause; the first files load and equal what was saved; no temporary
+    file is left."""
+    import errno
+    full, ro, src = (os.environ[k] for k in ("HVDP_TEST_DISK_FULL", "HVDP_TEST_DISK_RO", "HVDP_TEST_DISK_RO_SRC"))
+    x, y = data(16, seed=5)
+    small = make_model()
+    small.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.1), compression="int8",
+                                                     policy=hvd.CompressionPolicy(**RESUME_POLICY)), loss=LOSS)
+    keras.utils.set_random_seed(0)
+    big = keras.Sequential([keras.Input((300,)), keras.layers.Dense(300)])  # 361 KB: more than the tmpfs
+    big.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.1)), loss="mse")
+    bx, by = np.ones((8, 300), "float32"), np.zeros((8, 300), "float32")
+    for folder, view, errno_, cause in ((full, full, errno.ENOSPC, "No space left on device"),
+                                        (src, ro, errno.EROFS, "Read-only file system")):
+        small.fit(x, y, batch_size=8, epochs=1, verbose=0,
+                  callbacks=[hvd.callbacks.ModelCheckpoint(os.path.join(folder, "cb.keras"))])
+        hvd.save_checkpoint(os.path.join(folder, "m.keras"), small, epoch=1)
+        first = _weights(small)
+        for name in ("m.keras", "cb.keras"):
+            path = os.path.join(view, name)
+            if name == "m.keras":
+                msg = _every_rank_same_error(lambda: hvd.save_checkpoint(path, big, epoch=2), path, errno_, cause,
+                                             f"{errno_}.{name}")
+            else:
+                msg = _every_rank_same_error(
+                    lambda: big.fit(bx, by, batch_size=8, epochs=1, verbose=0,
+                                    callbacks=[hvd.callbacks.ModelCheckpoint(path)]),
+                    path, errno_, cause, f"{errno_}.{name}")
+                assert msg.startswith("hvd.callbacks.ModelCheckpoint: rank 0"), msg
+            if errno_ == errno.ENOSPC:
+                assert "bytes reached the temporary file" in msg, msg
+        assert sorted(os.listdir(view)) == ["cb.keras", "m.keras"], os.listdir(view)  # no temporary left
+        fresh = make_model(seed=99)
+        fresh.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.1), compression="int8",
+                                                         policy=hvd.CompressionPolicy(**RESUME_POLICY)), loss=LOSS)
+        resumed, extra = hvd.load_checkpoint(os.path.join(view, "m.keras"), fresh)
+        assert extra == {"epoch": 1}, extra
+        for a, b in zip(_weights(resumed), first):
+            np.testing.assert_array_equal(a, b)
+        for a, b in zip(keras.models.load_model(os.path.join(view, "cb.keras"), compile=False).get_weights(), first):
+            np.testing.assert_array_equal(a, b)
+    hvd.save_checkpoint(os.path.join(src, "after.keras"), big, epoch=3)  # the ranks are still in step
+    assert hvd.load_checkpoint(os.path.join(src, "after.keras"), big)[1] == {"epoch": 3}

@@ -339,6 +339,7 @@ CHECKS = {
     "resume": lambda: __import__("keras_checkpoint_checks").check_resume(),
     "save_for_other_size": lambda: __import__("keras_checkpoint_checks").check_save_for_other_size(),
     "resume_other_size": lambda: __import__("keras_checkpoint_checks").check_resume_other_size(),
+    "disk": lambda: __import__("keras_checkpoint_checks").check_full_or_read_only_disk(),
     "syncbn": check_syncbn,
 }
 
@@ -349,6 +350,6 @@ if __name__ == "__main__":
         tf.config.threading.set_intra_op_parallelism_threads(1)
     else:
         torch.set_num_threads(1)
-    for name in sys.argv[1:] or [n for n in CHECKS if n != "resume_other_size"]:
+    for name in sys.argv[1:] or [n for n in CHECKS if n not in ("resume_other_size", "disk")]:
         CHECKS[name]()
         print(f"CHECK {name} OK rank={hvd.rank()}", flush=True)

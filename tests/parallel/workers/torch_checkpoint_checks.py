@@ -122,3 +122,61 @@ def check_resume_other_size():
     train(model, opt, x[my_slice(len(x))], y[my_slice(len(x))], 1)
     assert all(torch.isfinite(p).all() for p in model.parameters())
     print(f"  size {hvd.size()} rank {r}: worker residuals kept for buckets of {kept} elements", flush=True)
+
+
+def _every_rank_same_error(save, path, errno_, cause):
+    """``save()`` fails on every rank with the same CheckpointWriteError naming ``path`` and
+    ``cause``; -> its message."""
+    from hvdp.checkpoint import CheckpointWriteError
+    try:
+        save()
+    except CheckpointWriteError as e:
+        got = (type(e).__name__, e.errno, e.filename, str(e))
+    else:
+        raise AssertionError(f"rank {hvd.rank()}: saving to {path} did not fail")
+    every = hvd.allgather_object(got, name=f"disk.err.{errno_}")
+    assert all(g == every[0] for g in every), every  # the same error on every rank
+    assert got[1] == errno_ and got[2] == path and path in got[3] and cause in got[3], got
+    assert "No rank has saved" in got[3], got
+    return got[3]
+
+
+def check_full_or_read_only_disk():
+    """$HVDP_TEST_DISK_FULL: a 256 KiB tmpfs; $HVDP_TEST_DISK_RO: a read-only bind mount of
+    $HVDP_TEST_DISK_RO_SRC (mounted by the test). A checkpoint that fits, then one that does not
+    (or any on the read-only view): every rank raises the same CheckpointWriteError naming the
+    path and the cause, the first file loads and equals what was saved, no temporary is left,
+    and the ranks go on in step."""
+    import errno
+    import os
+    full, ro, src = (os.environ[k] for k in ("HVDP_TEST_DISK_FULL", "HVDP_TEST_DISK_RO", "HVDP_TEST_DISK_RO_SRC"))
+    model, x, y = model_and_data(seed=5)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters(), compression="int8",
+                                   policy=hvd.CompressionPolicy(min_elements=1))
+    train(model, opt, x[my_slice(len(x))], y[my_slice(len(x))], 2)
+    first = {k: v.clone() for k, v in model.state_dict().items()}
+    torch.manual_seed(0)
+    big = torch.nn.Linear(300, 300)  # 361 KB of float32: more than the whole tmpfs
+    big_opt = hvd.DistributedOptimizer(torch.optim.SGD(big.parameters(), lr=0.1),
+                                       named_parameters=big.named_parameters())
+    for folder, view, errno_, cause in ((full, full, errno.ENOSPC, "No space left on device"),
+                                        (src, ro, errno.EROFS, "Read-only file system")):
+        hvd.save_checkpoint(os.path.join(folder, "c.pt"), model, opt, epoch=1)
+        path = os.path.join(view, "c.pt")
+        msg = _every_rank_same_error(lambda: hvd.save_checkpoint(path, big, big_opt, epoch=2), path, errno_, cause)
+        if hvd.rank() == 0:
+            print(f"  {msg}", flush=True)
+        if errno_ == errno.ENOSPC:
+            assert "bytes handed to the file" in msg, msg
+        assert os.listdir(view) == ["c.pt"], os.listdir(view)  # no temporary file left
+        model2 = model_and_data(seed=99)[0]
+        opt2 = hvd.DistributedOptimizer(torch.optim.SGD(model2.parameters(), lr=0.1),
+                                        named_parameters=model2.named_parameters(), compression="int8",
+                                        policy=hvd.CompressionPolicy(min_elements=1))
+        assert hvd.load_checkpoint(path, model2, opt2) == {"epoch": 1}
+        for k, v in model2.state_dict().items():
+            assert torch.equal(v, first[k]), k
+    # the ranks are still in step: the next collective save (to a disk with room) works
+    hvd.save_checkpoint(os.path.join(src, "after.pt"), big, big_opt, epoch=3)
+    assert hvd.load_checkpoint(os.path.join(src, "after.pt"), big, big_opt) == {"epoch": 3}

@@ -436,6 +436,7 @@ CHECKS = {
     "checkpoint": lambda: __import__("torch_checkpoint_checks").check_checkpoint_resume(),
     "save_for_other_size": lambda: __import__("torch_checkpoint_checks").check_save_for_other_size(),
     "resume_other_size": lambda: __import__("torch_checkpoint_checks").check_resume_other_size(),
+    "disk": lambda: __import__("torch_checkpoint_checks").check_full_or_read_only_disk(),
     "elastic_restore": check_restore_after_failed_step,
     "horovod_options": check_horovod_options,
 }
@@ -443,6 +444,6 @@ CHECKS = {
 if __name__ == "__main__":
     hvd.init()
     torch.set_num_threads(1)
-    for name in sys.argv[1:] or [n for n in CHECKS if n != "resume_other_size"]:
+    for name in sys.argv[1:] or [n for n in CHECKS if n not in ("resume_other_size", "disk")]:
         CHECKS[name]()
         print(f"CHECK {name} OK rank={hvd.rank()}", flush=True)
