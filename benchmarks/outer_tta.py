@@ -299,7 +299,9 @@ def target_rows(results):
             elif not theirs["seconds_to_target"] or not ot:
                 t = theirs["seconds_to_target"]
                 said = f"{t:.1f} s" if t else f"not reached (final {theirs['final_loss']:.4f})"
-                out.append((what, f"hvdp {ok or 'none reached'} {ot or float('nan'):.1f} s; torchft {said}",
+                ours_said = f"{ok} {ot:.1f} s" if ot else "no hvdp outer run reached it"
+                finals = ", ".join(f"{k} {r['final_loss']:.4f}" for k, r in ours.items())
+                out.append((what, f"{ours_said} (final losses: {finals}); torchft {said}",
                             f"≤ {OVER_TORCHFT[rate]}", bool(ot) and not t))
             else:
                 r = ot / theirs["seconds_to_target"]

@@ -16,6 +16,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import join_cost  # noqa: E402  (the join control's per-step cost, Gloo and MPI)
 import links  # noqa: E402  (the three-link stage)
 import peers  # noqa: E402  (hvdp against DDP's hooks on the same links)
+import outer_tta  # noqa: E402  (time to a target loss with outer steps)
 import tta  # noqa: E402  (time to a target loss, GPT, three links)
 import two_level  # noqa: E402  (flat against two-level reduction on two nodes)
 
@@ -60,6 +61,8 @@ STAGES = [
 ] + links.stages(python, RES) + [
     ("hvdp vs DDP's hooks (three links)", lambda: python([os.path.join(HERE, "peers.py")], timeout=5400)),
     ("time to target loss (GPT, three links)", lambda: python([os.path.join(HERE, "tta.py")], timeout=5400)),
+    ("time to target loss with outer steps (small GPT, three links, 3 seeds)",
+     lambda: python([os.path.join(HERE, "outer_tta.py")], timeout=5400)),
     ("peak memory of a step (50M params)", lambda: python([os.path.join(HERE, "memory_bench.py"),
                                                             "--json-out", os.path.join(RES, "memory.json")])),
     ("two-level on two nodes (MPI and Gloo, 1 Gbit/s; MPI 100 Mbit/s)",
@@ -118,6 +121,10 @@ def report(elapsed):
     rows += links.rows(load)
     rows += peers.target_rows()
     rows += tta.target_rows()
+    try:
+        rows += outer_tta.target_rows(load("outer_tta.json"))
+    except FileNotFoundError:
+        rows.append(("time to target with outer steps", "not run", "—", None))
     for controller, rate in two_level.RUNS:
         try:
             res = load(os.path.basename(two_level.path(controller, rate)))
