@@ -2,8 +2,15 @@
 where a compressed step's time goes (encode, wire wait, owner work, final decode)."""
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from typing import Dict, Optional
+
+# What ``sent`` does not count, per worker, fitted on the loopback counter of an isolated
+# namespace (benchmarks/results/wire_bytes.md, 2 workers, Gloo, Horovod's default cycle time):
+# Horovod's per-cycle coordination, Gloo's framing and TCP/IP headers together grow with wall
+# time, ~0.35 MB/s per worker (0.09-0.43 MB/s measured across codecs). An estimate, not a count.
+UNCOUNTED_BYTES_PER_S = 350e3
 
 
 def ring_allreduce_bytes(nbytes: int, p: int) -> float:
@@ -30,7 +37,8 @@ class WireStats:
     ``paths_why`` why no kernel served a codec that runs on the array ops.
     """
 
-    __slots__ = ("_step", "_last", "_total", "steps", "_t_step", "_t_last", "_t_total", "paths", "paths_why")
+    __slots__ = ("_step", "_last", "_total", "steps", "_t_step", "_t_last", "_t_total", "paths", "paths_why",
+                 "_ended", "_interval")
 
     PHASES = ("encode", "wire_wait", "owner", "final_decode")
 
@@ -45,6 +53,8 @@ class WireStats:
         self._t_total: Dict[str, float] = defaultdict(float)
         self.paths: Dict[str, str] = {}
         self.paths_why: Dict[str, str] = {}
+        self._ended: Optional[float] = None     # perf_counter at the last end_step
+        self._interval: Optional[float] = None  # seconds between the last two end_steps
 
     def time(self, phase: str, seconds: float) -> None:
         self._t_step[phase] += seconds
@@ -83,6 +93,9 @@ class WireStats:
             self._t_total[k] += v
         self._t_step.clear()
         self.steps += 1
+        now = time.perf_counter()
+        self._interval = None if self._ended is None else now - self._ended
+        self._ended = now
 
     def take_step(self) -> Dict[str, Dict[str, float]]:
         """The rows recorded since the last step ended, removed (a traced step's template:
@@ -102,6 +115,7 @@ class WireStats:
                 self._total[k][f] += x * repeat
         self._t_last = {}
         self.steps += repeat
+        self._interval = None  # a traced step's time is not measured
 
     @staticmethod
     def _summary(rows: Dict[str, Dict[str, float]]) -> dict:
@@ -119,13 +133,23 @@ class WireStats:
             return {k: 1e3 * self._t_last.get(k, 0.0) for k in self.PHASES}
         return {k: 1e3 * self._t_total.get(k, 0.0) / max(self.steps, 1) for k in self.PHASES}
 
+    def not_counted(self) -> dict:
+        """What ``sent`` leaves out, for the last step interval (end of step to end of step):
+        an estimate of Horovod's coordination + Gloo framing + TCP/IP headers, time-proportional
+        (:data:`UNCOUNTED_BYTES_PER_S`); None where the interval was not measured."""
+        s = self._interval
+        return {"interval_s": s, "estimate": None if s is None else s * UNCOUNTED_BYTES_PER_S,
+                "bytes_per_s": UNCOUNTED_BYTES_PER_S,
+                "what": "Horovod's per-cycle coordination, Gloo framing, TCP/IP headers (estimate, fitted "
+                        "at 2 workers over Gloo); hvdp's control collectives are in sent"}
+
     def summary(self) -> dict:
         """``{"last_step": {codec: {...}, "all": {...}}, "total": {...}, "steps": n,
         "phase_ms": {phase: mean ms per step}, "phase_ms_last_step": {...}, "paths": {codec: path},
         "paths_why": {codec: why no kernel}}``."""
         return {"last_step": self._summary(self._last), "total": self._summary(self._total),
                 "steps": self.steps, "phase_ms": self.phase_ms(), "phase_ms_last_step": self.phase_ms(True),
-                "paths": dict(self.paths), "paths_why": dict(self.paths_why)}
+                "paths": dict(self.paths), "paths_why": dict(self.paths_why), "not_counted": self.not_counted()}
 
 
 class TracedSteps:

@@ -15,7 +15,7 @@ OPS = NumpyOps()
 SHAPES = [(64, 40), (40,), (40, 30), (30,)]
 NAMES = ["l1.w", "l1.b", "l2.w", "l2.b"]
 STAT_KEYS = {"last_step", "total", "steps", "phase_ms", "phase_ms_last_step", "paths", "paths_why",
-             "codec", "compressed_tensors", "plain_tensors", "hierarchical"}
+             "codec", "compressed_tensors", "plain_tensors", "hierarchical", "not_counted"}
 
 
 class NumpyPlain:
@@ -221,3 +221,22 @@ def test_discard_step_puts_every_residual_back():
         assert all(np.array_equal(e.reducer.worker.get(k), v) for k, v in w.items())
         assert all(np.array_equal(e.reducer.server.get(k), v) for k, v in s.items())
     assert not engines(2, "none")[0].keeps_residuals
+
+
+def test_not_counted_is_a_time_proportional_estimate_beside_sent():
+    """compression_stats()["not_counted"]: what sent leaves out (Horovod's coordination, framing,
+    TCP/IP headers), estimated from the interval between the last two steps; the counted keys
+    are unchanged by it, and a traced step (no time measured) gives no estimate."""
+    from hvdp.reduce.stats import UNCOUNTED_BYTES_PER_S, WireStats
+    w = WireStats()
+    w.record_allreduce("none", 10, 40, 2)
+    w.end_step()
+    nc = w.summary()["not_counted"]
+    assert nc["interval_s"] is None and nc["estimate"] is None, nc  # one end: no interval yet
+    w.record_allreduce("none", 10, 40, 2)
+    w.end_step()
+    nc = w.summary()["not_counted"]
+    assert nc["interval_s"] >= 0 and nc["estimate"] == nc["interval_s"] * UNCOUNTED_BYTES_PER_S, nc
+    assert w.summary()["last_step"]["all"]["sent"] == 40.0  # sent keeps its meaning
+    w.add_step({"none": {"tensors": 1, "elements": 10, "handed": 40, "sent": 40.0, "fp32": 40.0}}, 3)
+    assert w.summary()["not_counted"]["estimate"] is None

@@ -9,7 +9,7 @@ if not TF:
     import torch
 
 STAT_KEYS = {"last_step", "total", "steps", "phase_ms", "phase_ms_last_step", "paths", "paths_why",
-             "codec", "compressed_tensors", "plain_tensors", "hierarchical"}
+             "codec", "compressed_tensors", "plain_tensors", "hierarchical", "not_counted"}
 ROW_KEYS = ("tensors", "elements", "handed", "sent", "fp32")
 
 
