@@ -2,6 +2,8 @@
 
 The rules are the core's (``hvdp.reduce.join``); this file supplies the collectives and the tensors.
 """
+import gc
+
 import horovod.torch as _hvd
 import torch
 
@@ -100,6 +102,9 @@ def join(device: int = -1) -> int:
     Returns:
         the rank that joined last.
     """
+    # Which earlier optimizers are still alive must not depend on when each rank's garbage
+    # collector ran (a difference is a mismatched broadcast after the join: a hang): collect now
+    gc.collect()
     opts, outers = OPTIMIZERS.alive(), OUTER.alive()
     for opt in opts:
         why = opt.engine.join_refusal("torch")
