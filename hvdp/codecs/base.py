@@ -24,6 +24,12 @@ class Codec:
     error_feedback_default: ClassVar[bool] = False
 
     @property
+    def warmup_steps(self) -> int:
+        """Optimizer steps reduced uncompressed (plain float32 allreduce) before this codec starts;
+        added to the policy's ``warmup_steps`` (the larger one counts)."""
+        return 0
+
+    @property
     def align(self) -> int:
         """Chunk lengths are padded to a multiple of this."""
         return 1

@@ -37,6 +37,12 @@ class PowerSGD(Codec):
         min_compression_rate: a matrix is compressed only when n * m > rate * (n + m) * r.
         warm_start: keep Q from step to step (else a fresh random Q every step).
         seed: the random initial Q (the same on every rank).
+        start_powerSGD_iter: optimizer steps reduced by a plain float32 allreduce before
+            powersgd starts, as DDP's ``PowerSGDState(start_powerSGD_iter=...)``; the residuals
+            and Qs start at that step. 0 (the default) compresses from the first step. DDP's
+            default is 1000 and its documentation recommends a warm-up; to train as a DDP job
+            did, pass the value it used (e.g. 10). Equal to ``CompressionPolicy(warmup_steps=...)``
+            for this codec (the larger of the two counts).
     """
 
     name = "powersgd"
@@ -46,6 +52,7 @@ class PowerSGD(Codec):
     min_compression_rate: float = 2.0
     warm_start: bool = True
     seed: int = 0
+    start_powerSGD_iter: int = 0  # DDP's name, for a DDP user
 
     def __post_init__(self):
         if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 1:
@@ -54,6 +61,20 @@ class PowerSGD(Codec):
             raise ValueError(f"powersgd min_compression_rate must be >= 0, got {self.min_compression_rate!r}")
         if not isinstance(self.seed, int):
             raise ValueError(f"powersgd seed must be an int, got {self.seed!r}")
+        start = self.start_powerSGD_iter
+        if isinstance(start, bool) or not isinstance(start, int) or start < 0:
+            raise ValueError(f"powersgd start_powerSGD_iter must be an int >= 0 (steps of plain allreduce "
+                             f"before compression), got {start!r}")
+
+    @property
+    def warmup_steps(self) -> int:
+        return self.start_powerSGD_iter
+
+    def __str__(self) -> str:
+        """The settings; ``start_powerSGD_iter`` only where set, so that a checkpoint's codec
+        (compared on loading the residuals and Qs) reads as it did before the option existed."""
+        text = super().__str__()
+        return text if self.start_powerSGD_iter else text.replace(", start_powerSGD_iter=0", "")
 
     def matrix(self, shape: Sequence[int]) -> Optional[Tuple[int, int, int]]:
         """(rows, cols, rank) if a tensor of ``shape`` is compressed, else None (a vector or

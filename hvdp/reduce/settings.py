@@ -8,10 +8,12 @@ in ``hvdp.reduce.reducer``.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Optional, Tuple
 
 from ..codecs.auto import Auto
+from ..codecs.base import Codec
 from .collectives import AVERAGE, SUM
 from .plan import CompressionPolicy
 
@@ -36,7 +38,8 @@ class ReduceSettings:
     Args:
         codec: a codec (``hvdp.codecs``), an :class:`~hvdp.codecs.auto.Auto`, or None when a
             Horovod ``Compressor`` does the work (compress, sum, decompress, as in Horovod).
-        policy: what is compressed, and when.
+        policy: what is compressed, and when. A codec's own warm-up (``Codec.warmup_steps``:
+            powersgd's ``start_powerSGD_iter``) raises its ``warmup_steps`` to that many.
         op: ``hvdp.reduce.collectives.AVERAGE`` or ``SUM``.
         predivide: Horovod's ``gradient_predivide_factor`` (divide before the sum, multiply after).
         backward_passes: Horovod's ``backward_passes_per_step``.
@@ -84,6 +87,9 @@ class ReduceSettings:
             raise ValueError("ReduceSettings: codec=None needs the Horovod compressor's name")
         if self.uneven_inputs not in (None, True, False):
             raise TypeError(f"uneven_inputs must be None (the default), True or False, got {self.uneven_inputs!r}")
+        start = self.codec.warmup_steps if isinstance(self.codec, Codec) else 0
+        if start > self.policy.warmup_steps:  # the codec's own warm-up (powersgd's start_powerSGD_iter)
+            object.__setattr__(self, "policy", dataclasses.replace(self.policy, warmup_steps=start))
         requested = self.uneven_inputs
         object.__setattr__(self, "uneven_requested", requested)
         if requested is None:  # on wherever the join control is supported

@@ -11,7 +11,7 @@ from conftest import CONTROLLERS, ROOT, WORKERS, checks_passed, horovodrun, scra
 
 pytestmark = pytest.mark.parallel
 
-CHECKS = ["grad_average", "two_equal_one", "bpps", "broadcast", "amp", "codecs", "powersgd", "state",
+CHECKS = ["grad_average", "two_equal_one", "bpps", "broadcast", "amp", "codecs", "powersgd", "powersgd_ddp", "state",
           "nonfinite", "errors", "warmup", "sparse_unused_empty", "checkpoint",
           "save_for_other_size", "elastic_restore", "horovod_options", "freed"]
 

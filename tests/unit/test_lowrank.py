@@ -256,6 +256,24 @@ def test_codec_settings_and_refusals():
         c.compress(np.zeros(3, np.float32))  # no Horovod compressor: hvd.allreduce(compression=) refuses it
 
 
+def test_start_powerSGD_iter_is_a_warm_up_of_plain_steps():
+    """DDP's ``start_powerSGD_iter``: that many plain steps first, through the policy's warm-up
+    (the larger of the two counts); named in the codec's string only where set."""
+    c = codecs.get("powersgd", rank=4, start_powerSGD_iter=10)
+    assert c.warmup_steps == 10 and codecs.get("powersgd").warmup_steps == 0 and codecs.get("int8").warmup_steps == 0
+    assert str(c) == "powersgd(rank=4, min_compression_rate=2.0, warm_start=True, seed=0, start_powerSGD_iter=10)"
+    assert ReduceSettings(c, CompressionPolicy()).policy.warmup_steps == 10
+    assert ReduceSettings(c, CompressionPolicy(warmup_steps=20)).policy.warmup_steps == 20
+    assert ReduceSettings(codecs.get("powersgd"), CompressionPolicy(warmup_steps=3)).policy.warmup_steps == 3
+    for bad in (-1, 1.5, True, "10"):
+        with pytest.raises(ValueError, match="start_powerSGD_iter must be an int >= 0"):
+            codecs.get("powersgd", start_powerSGD_iter=bad)
+    group = FakeGroup(2)
+    engs = [Engine(ReduceSettings(c, CompressionPolicy(min_elements=1)), OPS, cm, _Plain(cm), lambda d, n: [d, d])
+            for cm in group.comms]
+    assert all(not e.compressing for e in engs)  # step 0 of 10: plain allreduce
+
+
 class _Plain:
     def __init__(self, comm):
         self.comm = comm

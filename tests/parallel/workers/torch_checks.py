@@ -428,6 +428,7 @@ CHECKS = {
     "amp": check_amp_gradscaler,
     "codecs": check_codecs,
     "powersgd": check_powersgd,
+    "powersgd_ddp": lambda: __import__("powersgd_ddp_checks").check_powersgd_matches_ddp_hook(),
     "state": check_state_dict_carries_error_feedback,
     "nonfinite": check_nonfinite_agreed,
     "errors": check_errors,
