@@ -16,7 +16,7 @@ from conftest import CONTROLLERS, ROOT, WORKERS, horovodrun
 pytestmark = pytest.mark.parallel
 
 GUARD_S = 150   # a hang fails here
-BOUND_S = 60    # start-up (imports, rendezvous) included; the failure itself takes seconds
+BOUND_S = 60    # from hvd.init() to a rank's error; the failure itself takes seconds
 
 SAME = "the 2 ranks do not agree on"
 # case -> (the words every rank's error must contain); each rank's error must be the same text
@@ -58,7 +58,10 @@ def run_case(worker, case, controller, env=None):
     print(f"\nTIMING {worker} {case} {controller}: job {took:.1f}s (rc={rc}); from hvd.init() to "
           f"the error: {', '.join(f'rank {r} {s:.2f}s' for r, s in sorted(AFTER.items()))}")
     assert rc != 0, f"{case}: the job should fail\n{out[-3000:]}"
-    assert took < BOUND_S, f"{case}: took {took:.0f}s\n{out[-3000:]}"
+    # the failure itself, from hvd.init() to each rank's error (start-up excluded: on a loaded
+    # machine horovodrun's start alone took over 60 s); a hang fails at GUARD_S
+    late = {r: s for r, s in AFTER.items() if s >= BOUND_S}
+    assert not late, f"{case}: the error came {late} s after hvd.init()\n{out[-3000:]}"
     return out, errs
 
 
