@@ -19,11 +19,12 @@ its own Gloo group in the same two processes.
   target run's (``fp32_deterministic`` in the report).
 - Methods: hvdp none, bf16, int8 (+ error feedback, its default), each of ("int4", "powersgd")
   that ``hvdp.codecs.names()`` lists when it runs (powersgd at ranks 1, 4 and 8 when it takes
-  ``rank``), auto; DDP plain, + fp16 hook, + bf16 hook (DDP refuses it on Gloo: its message is
-  kept), + PowerSGD ranks 1, 4, 8 (error feedback, warm start, plain allreduce for its first
-  ``powersgd_start`` steps, one DDP bucket). Each is its own run from the same initial weights
-  with the same batches (one per step and rank); the runs take turns step by step in the same
-  processes, so that the machine's noise hits all alike.
+  ``rank``, with DDP's warm-up of ``powersgd_start`` plain steps), auto; DDP plain, + fp16 hook,
+  + bf16 hook (DDP refuses it on Gloo: its message is kept), + PowerSGD ranks 1, 4, 8 (error
+  feedback, warm start, plain allreduce for its first ``powersgd_start`` steps, one DDP bucket).
+  Each is its own run from the same initial weights with the same batches (one per step and
+  rank); the runs take turns step by step in the same processes, so that the machine's noise
+  hits all alike.
 - Timed: the training steps only (a barrier before each; the slower rank's time). The held-out
   evaluations (every ``eval_every`` steps, 64 windows) are not counted; their cost is reported.
 - Bytes per step: the namespace loopback's transmit counter around each step, / 2 workers.
@@ -82,15 +83,18 @@ RATIO_RANGE = (2.0, 5.0)  # fp32 exchange : compute on the throttled links
 
 # ---------------------------------------------------------------- the worker (inside horovodrun)
 
-def hvdp_methods():
-    """(label, codec) of hvdp's contenders: the fixed ones, the new codecs that exist now, auto."""
+def hvdp_methods(powersgd_start=0):
+    """(label, codec) of hvdp's contenders: the fixed ones, the new codecs that exist now, auto.
+    powersgd gets DDP's warm-up (``start_powerSGD_iter``) where it takes one."""
     from hvdp import codecs
     out = [("hvdp none", "none"), ("hvdp bf16", "bf16"), ("hvdp int8", "int8")]
     have = codecs.names()
     for name in (n for n in NEW_CODECS if n in have):
         codec = codecs.get(name)
-        if name == "powersgd" and "rank" in {f.name for f in dataclasses.fields(codec)}:
-            out += [(f"hvdp powersgd{r}", codec.configure(rank=r)) for r in (1, 4, 8)]
+        fields = {f.name for f in dataclasses.fields(codec)}
+        if name == "powersgd" and "rank" in fields:
+            warm = {"start_powerSGD_iter": powersgd_start} if "start_powerSGD_iter" in fields else {}
+            out += [(f"hvdp powersgd{r}", codec.configure(rank=r, **warm)) for r in (1, 4, 8)]
         else:
             out.append((f"hvdp {name}", codec))
     return out + [("hvdp auto", "auto")]
@@ -215,7 +219,7 @@ def worker(a):
     out["initial_loss"] = validate(base, val, vargs, autocast)  # every run starts from these weights
     limit = 2 * sz["T"]
     runs, refused = [], {}
-    for label, codec in hvdp_methods():
+    for label, codec in hvdp_methods(sz["powersgd_start"]):
         runs.append(hvdp_run(label, codec, limit))
     for label, hook in DDP_HOOKS:
         try:
