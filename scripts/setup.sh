@@ -36,6 +36,19 @@ if ((${#missing[@]})); then
     apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
+# A Java runtime for Spark (test_spark.py; pyspark runs its JVM): optional, installed when root and
+# missing, otherwise that one test skips and says why.
+if ! command -v java >/dev/null; then
+    if [[ $(id -u) -eq 0 ]]; then
+        say "installing default-jre-headless (Java, for Spark's TorchDistributor test)"
+        export DEBIAN_FRONTEND=noninteractive
+        { apt-get update -qq && apt-get install -y -qq --no-install-recommends default-jre-headless >/dev/null; } \
+            || say "Java not installed (test_spark.py will skip)"
+    else
+        say "no Java runtime (test_spark.py will skip; as root: apt-get install default-jre-headless)"
+    fi
+fi
+
 # --- 2. cached dependency environment ---------------------------------------------------------
 PYVER=$("$PYTHON" -c 'import sys; print("%d.%d.%d" % sys.version_info[:3])')
 MPIVER=$(mpirun --version 2>/dev/null | head -1 | sed 's/.*) *//')
@@ -88,8 +101,9 @@ if [[ ! -f "$ENV_DIR/.ray-$RAY_VERSION" ]]; then
     fi
 fi
 # Test-only extras on their own marker (as Ray): Lightning (hvdp.lightning's tests), Hypothesis
-# (the codecs' random-input tests). torch stays the pinned one (pip keeps what satisfies them).
-EXTRAS=(lightning==2.6.6 hypothesis==6.170.17)
+# (the codecs' random-input tests), pyspark (Spark's TorchDistributor, test_spark.py). torch stays
+# the pinned one (pip keeps what satisfies them).
+EXTRAS=(lightning==2.6.6 hypothesis==6.170.17 pyspark==4.3.0)
 EXTRAS_KEY=$(printf '%s\n' "${EXTRAS[@]}" | sha256sum | cut -c1-12)
 if [[ ! -f "$ENV_DIR/.extras-$EXTRAS_KEY" ]]; then
     say "installing ${EXTRAS[*]}"
@@ -118,7 +132,7 @@ fi
 # since the .venv was made.
 for f in "$ENV_DIR"/bin/*; do
     name=$(basename "$f")
-    [[ -e "$VENV/bin/$name" || "$name" == python* || "$name" == activate* ]] && continue
+    [[ -d "$f" || -e "$VENV/bin/$name" || "$name" == python* || "$name" == activate* ]] && continue
     if head -1 "$f" | grep -qx "#!$ENV_DIR/bin/python[0-9.]*"; then
         { echo "#!$VENV/bin/python"; tail -n +2 "$f"; } > "$VENV/bin/$name"
         chmod +x "$VENV/bin/$name"

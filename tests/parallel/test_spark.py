@@ -1,5 +1,6 @@
-"""Spark's TorchDistributor running hvdp (`make spark-check`; skipped where pyspark or Java is
-missing, as in `make test`: neither is part of `make setup`).
+"""Spark's TorchDistributor running hvdp (in `make test`; alone: `make spark-check`). `make setup`
+installs pyspark and, as root, a Java runtime where none is; without either the test skips and
+says which.
 
 TorchDistributor(num_processes=2, local_mode=True, use_gpu=False) on a local SparkSession runs
 torchrun on the driver (workers/spark_distributor.py): hvdp's torchrun checks (hvd.init()
@@ -24,9 +25,9 @@ DRIVER = os.path.join(WORKERS, "spark_distributor.py")
 
 def test_torchdistributor_matches_horovodrun_with_int8(tmp_path):
     if importlib.util.find_spec("pyspark") is None:
-        pytest.skip("pyspark is not installed: `make spark-check` installs it")
+        pytest.skip("pyspark is not installed: `make setup` (scripts/setup.sh) installs it")
     if shutil.which("java") is None:
-        pytest.skip("no Java runtime: `make spark-check` installs Debian's default-jre-headless (as root)")
+        pytest.skip("no Java runtime: as root, `make setup` installs Debian's default-jre-headless")
     hout, ref_json = horovodrun_reference(tmp_path)
     out = tmp_path / "spark"
     out.mkdir()
