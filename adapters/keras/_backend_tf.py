@@ -66,6 +66,28 @@ class Buffer:
         self.var.assign(tf.zeros_like(self.var))
 
 
+class Switch:
+    """A yes/no that the eager part of a step sets (``set``) and that a traced step reads when it
+    runs, not when it is traced: a bool ``tf.Variable`` on the host, read by a ``tf.cond``. Only
+    the branch taken runs, so its collectives run only on the steps that need them."""
+
+    def __init__(self, on, name):
+        with tf.init_scope(), tf.device("/cpu:0"):
+            self.var = tf.Variable(bool(on), trainable=False, name=name)
+
+    def set(self, on):
+        self.var.assign(bool(on))
+
+    def when(self, fn, otherwise, token=None):
+        """``fn()`` where the switch is on as this runs, else ``otherwise`` (the structure that
+        ``fn()`` returns). Traced: the switch is read after ``token`` (an ``eager_call``'s)."""
+        if tf.executing_eagerly():
+            return fn() if bool(self.var.numpy()) else otherwise
+        with tf.control_dependencies([] if token is None else [token]):
+            on = self.var.read_value()
+        return tf.cond(on, fn, lambda: otherwise)
+
+
 _ONE = {}
 _WATCH = {}
 
@@ -106,6 +128,7 @@ class TFBackend:
     Collectives = TFCollectives
     Store = VariableStore
     Buffer = Buffer
+    Switch = Switch
     init_scope = staticmethod(tf.init_scope)
     refuse_xla = staticmethod(refuse_xla)
     op_name = staticmethod(op_name)

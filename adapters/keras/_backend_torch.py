@@ -57,6 +57,21 @@ class Buffer:
         self.t.zero_()
 
 
+class Switch:
+    """A yes/no that the eager part of a step sets and the step reads (Keras runs the torch
+    backend's steps eagerly: a Python bool, no device read)."""
+
+    def __init__(self, on, name=""):
+        self.on = bool(on)
+
+    def set(self, on):
+        self.on = bool(on)
+
+    def when(self, fn, otherwise, token=None):
+        """``fn()`` where the switch is on, else ``otherwise``."""
+        return fn() if self.on else otherwise
+
+
 class TorchBackend:
     name = "torch"
     hvd = hvd
@@ -64,6 +79,7 @@ class TorchBackend:
     Collectives = TorchCollectives
     Store = TensorStore
     Buffer = Buffer
+    Switch = Switch
     elastic_run = staticmethod(_torch_elastic_run)
     eager_steps = True  # Keras runs the torch backend's train step eagerly: auto per bucket
     tensor_types = (torch.Tensor,)  # what horovod.torch's compressors take

@@ -7,6 +7,13 @@ variables as every rank's start and the global parameters) and after it (the syn
 a step TensorFlow traces, both are ``tf.py_function`` calls at those points of the step; on the
 torch backend, plain calls. So ``model.fit`` and custom loops need nothing more.
 
+``warmup_steps=W``: the first W steps are synchronous, each one's gradients averaged over the
+ranks before the inner update (float32 as they are, no codec, as ``hvd.DistributedOptimizer``
+with ``compression="none"``). Whether a step warms up is decided when it runs: the eager call
+after each step sets a switch (``BACKEND.Switch``: a host ``tf.Variable`` read by a
+``tf.cond`` in a traced step, a Python bool on the torch backend), so after the warm-up a step
+runs no collective and copies nothing to the host for it.
+
 Example::
 
     opt = hvd.OuterOptimizer(keras.optimizers.AdamW(1e-3), sync_every=8, compression="int8")
@@ -19,10 +26,11 @@ import numpy as np
 from hvdp.codecs.auto import Auto
 from hvdp.outer import HIERARCHICAL_REFUSAL, OuterLoop, OuterSettings
 from hvdp.outer.loop import split, stats
+from hvdp.reduce.collectives import AVERAGE
 from hvdp.reduce.engine import Engine
 from hvdp.reduce.settings import ReduceSettings, is_low_rank
 
-from .agreement import REPORTER, VERSIONS, allgather_fixed, variable_entries
+from .agreement import REPORTER, VERSIONS, WATCHDOG, allgather_fixed, variable_entries
 from .backend import BACKEND as B
 from .compression import resolve
 from .join import OUTER
@@ -43,7 +51,10 @@ class KerasOuter:
         self.buffers = [v for v in (buffers or ()) if keras.backend.standardize_dtype(v.dtype).startswith("float")]
         # internal state
         self.variables, self.fragments, self.engines, self.loop = None, None, [], None
+        self.comm = B.Collectives(process_set)
         self.pending = None  # a checkpoint's outer state, taken up when the loop is made
+        # on while the next step is a warm-up step (set eagerly, read by the step as it runs)
+        self.warming = B.Switch(True, "hvdp_outer_warming") if outer.warmup else None
 
     def before_step(self, variables) -> None:
         """At the first step, before its update: rank 0's variables on every rank (the common
@@ -55,7 +66,7 @@ class KerasOuter:
         B.broadcast_variables(self.variables + self.buffers, names + [f"buffer.{i}" for i in range(len(self.buffers))],
                               0, self.process_set)
         self.fragments = split([int(keras.ops.size(v)) for v in self.variables], self.settings.fragments)
-        comm = B.Collectives(self.process_set)
+        comm = self.comm
         rs = self.reduce_settings
         for f, idx in enumerate(self.fragments):
             plain = KerasPlain(comm, rs.op, rs.predivide, rs.sparse_as_dense, self.hvd_compressor)
@@ -67,6 +78,32 @@ class KerasOuter:
         self.loop = OuterLoop(self.settings, B.ops, self.engines, self.fragments, self._values(), active=self._active)
         if self.pending is not None:
             self.restore(self.pending)
+        self._mark()
+
+    def _mark(self) -> None:
+        """The warm-up switch from the loop: on while the next step is a warm-up step."""
+        if self.warming is not None:
+            self.warming.set(self.loop.warming_up)
+
+    def average_if_warming(self, grads, token=None):
+        """``grads`` averaged over the ranks where the step running is a warm-up step, else as
+        they are (decided as the step runs: after ``token``, the first step's ``before_step``)."""
+        if self.warming is None or not any(g is not None for g in grads):
+            return grads
+        held = [i for i, g in enumerate(grads) if g is not None]
+        out = self.warming.when(lambda: self._average([grads[i] for i in held]), [grads[i] for i in held], token)
+        grads = list(grads)
+        for i, g in zip(held, out):
+            grads[i] = g
+        return grads
+
+    def _average(self, grads):
+        """A synchronous warm-up step: each gradient averaged over the ranks by Horovod's allreduce
+        (its dtype, no codec), every one submitted before the first wait."""
+        def run(grads):
+            handles = [self.comm.allreduce_async(g, f"hvdp.outer.warmup.{i}", AVERAGE) for i, g in enumerate(grads)]
+            return [self.comm.wait(h) for h in handles]
+        return B.watch(WATCHDOG, "hvd.OuterOptimizer's warm-up average", grads, run)
 
     def restore(self, state: dict) -> None:
         """A checkpoint's outer state (``hvd.load_checkpoint``): now if the loop exists, else at
@@ -82,6 +119,7 @@ class KerasOuter:
                 return [arrays(v) for v in x]
             return keras.ops.convert_to_tensor(x) if isinstance(x, np.ndarray) else x
         self.loop.load_state(dict(state, **{k: arrays(state[k]) for k in ("globals", "momentum", "engines")}))
+        self._mark()
 
     def _active(self) -> int:
         """The ranks taking part in the sync starting now: a 1 per rank summed (a rank that has
@@ -101,6 +139,7 @@ class KerasOuter:
                 n = self.loop.took_part[0]  # over the ranks that took part in the sync
                 for j, b in enumerate(self.buffers):
                     b.assign(B.allreduce_np(keras.ops.convert_to_numpy(b), f"hvdp.outer.buffer.{j}", average=False) / n)
+        self._mark()
 
     def join_refusal(self):
         """Why ``hvd.join()`` cannot be answered now (None: it can): a fragment in flight."""
@@ -125,6 +164,7 @@ class KerasOuter:
         loop.step, loop.warm, loop.outer_steps = got["step"], got["warm"], list(got["outer_steps"])
         loop.globals = [keras.ops.convert_to_tensor(g) for g in got["globals"]]
         loop.momentum = [None if m is None else keras.ops.convert_to_tensor(m) for m in got["momentum"]]
+        self._mark()
 
     def compression_stats(self) -> dict:
         """Each fragment's statistics per sync and the bytes one worker sends per inner step."""
@@ -145,6 +185,7 @@ class _Outer:
             variables = list(self._trainable_variables)
         B.refuse_xla("hvd.OuterOptimizer's step is", "compile the model with jit_compile=False")
         started = None if outer.loop is not None else B.eager_call(lambda: outer.before_step(variables), variables)
+        grads = outer.average_if_warming(list(grads), started)
         out = B.run_after(started, lambda: parent.apply(grads, variables))
         B.eager_call(outer.after_step, variables)
         return out
@@ -154,7 +195,8 @@ class _Outer:
 
 
 def OuterOptimizer(optimizer, sync_every=None, outer_lr=0.7, outer_momentum=0.9, nesterov=True, compression="none",
-                   fragments=1, delay=0, mix=0.0, policy=None, buffers=None, hierarchical=False, process_set=None):
+                   fragments=1, delay=0, mix=0.0, warmup_steps=0, policy=None, buffers=None, hierarchical=False,
+                   process_set=None):
     """Outer steps around a Keras optimizer (DiLoCo; local SGD with ``outer_lr=1, outer_momentum=0``).
 
     Args:
@@ -164,6 +206,8 @@ def OuterOptimizer(optimizer, sync_every=None, outer_lr=0.7, outer_momentum=0.9,
         outer_lr, outer_momentum, nesterov: the outer SGD on the averaged pseudo-gradient.
         compression: the pseudo-gradient's codec: "none", "fp16", "bf16", "int8", "int4", "topk".
         fragments, delay, mix: streaming (``hvdp.outer.OuterSettings``).
+        warmup_steps: W synchronous steps first (the gradients averaged before each inner step,
+            as ``start_localSGD_iter`` of PyTorch's post-local SGD); the intervals start after them.
         policy: an ``hvdp.CompressionPolicy``.
         buffers: float variables averaged at the first fragment's syncs (batch-norm statistics:
             ``[v for v in model.non_trainable_variables]``).
@@ -180,7 +224,7 @@ def OuterOptimizer(optimizer, sync_every=None, outer_lr=0.7, outer_momentum=0.9,
     if outer_of(optimizer) is not None or state_of(optimizer) is not None:
         raise ValueError("this optimizer already is an hvd.OuterOptimizer or an hvd.DistributedOptimizer: "
                          "wrap the plain Keras optimizer in one of them")
-    outer = OuterSettings(sync_every, outer_lr, outer_momentum, nesterov, fragments, delay, mix)
+    outer = OuterSettings(sync_every, outer_lr, outer_momentum, nesterov, fragments, delay, mix, warmup_steps)
     codec, hvd_compressor = resolve(compression)
     if codec is None or is_low_rank(codec) or isinstance(codec, Auto):
         raise ValueError(f"hvd.OuterOptimizer reduces pseudo-gradients with hvdp's codecs: compression="

@@ -313,3 +313,38 @@ def test_keras_state_attribute_named_by_its_module_only_and_no_private_imports()
                 if any(n.startswith("_") for n in names):
                     hits.append(f"{f}:{i}: {line.strip()}")
     assert not hits, "\n".join(hits)
+
+
+SWITCH_PROBE = """
+import json
+import tensorflow as tf
+from hvdp.keras.backend import BACKEND as B
+sw, traces, out = B.Switch(True, "probe"), [], []
+off_first = tf.Variable(False)  # the eager call in the step turns the switch off first
+
+@tf.function
+def step(x):
+    traces.append(1)  # Python runs at trace time only
+    token = B.eager_call(lambda: sw.set(False) if bool(off_first.numpy()) else None)
+    return sw.when(lambda: [x * 2.0], [x], token)[0]
+
+for on, off in ((True, False), (False, False), (True, False), (True, True)):
+    sw.set(on)
+    off_first.assign(off)
+    out.append(float(step(tf.constant(3.0))))
+eager = []
+for on in (True, False):
+    sw.set(on)
+    eager.append(float(sw.when(lambda: [tf.constant(3.0) * 2.0], [tf.constant(3.0)])[0]))
+print(json.dumps({"out": out, "traces": len(traces), "eager": eager}))
+"""
+
+
+def test_tf_switch_decides_as_a_traced_step_runs():
+    """hvd.OuterOptimizer's warm-up switch on TensorFlow: one trace, the branch chosen by the
+    value set eagerly before each call (not the value at trace time), and read after the token
+    of an ``eager_call`` in the same step that changes it."""
+    r = _run(SWITCH_PROBE, "tensorflow")
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got == {"out": [6.0, 3.0, 6.0, 3.0], "traces": 1, "eager": [6.0, 3.0]}, got

@@ -24,11 +24,12 @@ def make_model(seed=0):
                              keras.layers.Dense(3)])
 
 
-def my_data():
-    """This rank's slice of every global batch (the same global batches for every run)."""
+def my_data(steps=STEPS, rank=None):
+    """This rank's (or ``rank``'s) slice of every global batch (the same global batches for every run)."""
+    rank = hvd.rank() if rank is None else rank
     rs = np.random.RandomState(1234)
-    x, y = rs.randn(STEPS * 2 * PER_WORKER, 20).astype("float32"), rs.randint(0, 3, STEPS * 2 * PER_WORKER)
-    idx = [s * 2 * PER_WORKER + hvd.rank() * PER_WORKER + k for s in range(STEPS) for k in range(PER_WORKER)]
+    x, y = rs.randn(steps * 2 * PER_WORKER, 20).astype("float32"), rs.randint(0, 3, steps * 2 * PER_WORKER)
+    idx = [s * 2 * PER_WORKER + rank * PER_WORKER + k for s in range(steps) for k in range(PER_WORKER)]
     return x[idx], y[idx]
 
 
@@ -179,9 +180,179 @@ def check_custom_loop():
     assert_ranks_identical(model, "loop")
 
 
+# warmup_steps: W synchronous steps, then periodic averaging (outer lr 1, no momentum) every H,
+# SGD inside; 14 steps = W + 2 intervals + 3 steps into the third (the ranks apart at the end)
+W, H, WARM_STEPS, WARM_LR = 3, 4, 14, 0.1
+# float32 against float64, max |difference| over the 14 steps: seen 1.1e-7 (TF) and 9.4e-8 (torch);
+# the same runs are 0.02-0.03 from the reference without the warm-up
+REFERENCE_TOL = 1e-6
+
+
+def ce_grads(params, x, y):
+    """float64 gradients of the mean sparse cross-entropy of Dense(32, tanh) -> Dense(3) logits."""
+    w1, b1, w2, b2 = params
+    h = np.tanh(x @ w1 + b1)
+    z = h @ w2 + b2
+    e = np.exp(z - z.max(1, keepdims=True))
+    d = e / e.sum(1, keepdims=True)
+    d[np.arange(len(y)), y] -= 1
+    d /= len(y)
+    dh = (d @ w2.T) * (1 - h ** 2)
+    return [x.T @ dh, dh.sum(0), h.T @ d, d.sum(0)]
+
+
+def warmup_reference(start, steps=WARM_STEPS, warmup=W):
+    """The algorithm in float64 on every rank's data: W steps of SGD on the ranks' mean gradient,
+    then each rank's own SGD steps, its parameters replaced every H of them by the global ones
+    moved by the outer SGD (lr 1, no momentum) on the mean pseudo-gradient. -> per step (1-based
+    index - 1), each rank's parameters."""
+    data = [my_data(steps, r) for r in range(hvd.size())]
+    def batch(r, s):
+        x, y = data[r]
+        return x[s * PER_WORKER:(s + 1) * PER_WORKER].astype(np.float64), y[s * PER_WORKER:(s + 1) * PER_WORKER]
+    p = [np.asarray(w, np.float64) for w in start]
+    trail = []
+    for s in range(warmup):
+        g = [np.mean(gs, axis=0) for gs in zip(*(ce_grads(p, *batch(r, s)) for r in range(len(data))))]
+        p = [a - WARM_LR * b for a, b in zip(p, g)]
+        trail.append([p] * len(data))
+    glob, local = p, [p] * len(data)
+    for s in range(warmup, steps):
+        local = [[a - WARM_LR * b for a, b in zip(mine, ce_grads(mine, *batch(r, s)))] for r, mine in enumerate(local)]
+        if (s - warmup + 1) % H == 0:
+            glob = [g - 1.0 * np.mean([g - loc[i] for loc in local], axis=0) for i, g in enumerate(glob)]
+            local = [glob] * len(data)
+        trail.append(local)
+    return trail
+
+
+def warmup_optimizer():
+    return hvd.OuterOptimizer(keras.optimizers.SGD(WARM_LR), sync_every=H, outer_lr=1.0, outer_momentum=0.0,
+                              nesterov=False, warmup_steps=W)
+
+
+def assert_follows_reference(start, trail, tag):
+    """Each step's parameters of this rank against the float64 reference, within REFERENCE_TOL;
+    the same run without the warm-up (its W steps local) is far outside it."""
+    ref = warmup_reference(start)
+    worst = max(float(np.max(np.abs(a - b))) for s, ws in enumerate(trail) for a, b in zip(ws, ref[s][hvd.rank()]))
+    assert len(trail) == WARM_STEPS and worst <= REFERENCE_TOL, (tag, len(trail), worst)
+    unwarmed = warmup_reference(start, warmup=0)[-1][hvd.rank()]  # the first interval from step 1
+    apart = max(float(np.max(np.abs(a - b))) for a, b in zip(trail[-1], unwarmed))
+    assert apart > 100 * REFERENCE_TOL or hvd.size() == 1, (tag, apart)  # one rank: nothing to average
+    print(f"warm-up {tag} rank {hvd.rank()}: max |float32 - float64 reference| {worst:.3g} over {len(trail)} "
+          f"steps (tolerance {REFERENCE_TOL:g}); without the warm-up {apart:.3g}", flush=True)
+
+
+def check_warmup_fit():
+    """warmup_steps=3, H = 4, outer lr 1, no momentum, codec none, in model.fit (TensorFlow: the
+    step traced once, the warm-up decided as each step runs): after the 3 warm-up steps the
+    weights equal hvd.DistributedOptimizer('none')'s after the same 3 steps (within 1e-6) and
+    are the same bits on both ranks; every step follows the float64 reference."""
+    x, y = my_data(WARM_STEPS)
+    model = make_model()
+    start = model.get_weights()
+    traced = []
+
+    def loss(t, z):  # where the step runs Python: TensorFlow traces it, torch runs it each step
+        traced.append(TF and not tf.executing_eagerly())
+        return LOSS(t, z)
+    trail = []
+    def after_batch(batch, logs=None):
+        trail.append(model.get_weights())
+        if batch == W - 1:
+            assert_ranks_identical(model, "warm")
+    opt = warmup_optimizer()
+    model.compile(optimizer=opt, loss=loss)
+    model.fit(x, y, batch_size=PER_WORKER, epochs=1, shuffle=False, verbose=0,
+              callbacks=[keras.callbacks.LambdaCallback(on_train_batch_end=after_batch)])
+    if TF:
+        assert not model.run_eagerly and all(traced) and len(traced) <= 2, traced
+    loop = outer_of(opt).loop
+    assert (loop.warm, loop.step, loop.outer_steps) == (W, WARM_STEPS - W, [2]), (loop.warm, loop.step)
+    dp = make_model()
+    dp.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(WARM_LR)), loss=LOSS)
+    dp.fit(x[:W * PER_WORKER], y[:W * PER_WORKER], batch_size=PER_WORKER, epochs=1, shuffle=False, verbose=0)
+    diff = max(float(np.max(np.abs(a - b))) for a, b in zip(trail[W - 1], dp.get_weights()))
+    assert diff <= 1e-6, diff
+    print(f"warm-up fit rank {hvd.rank()}: after {W} steps max |outer - DistributedOptimizer| {diff:.3g} "
+          "(tolerance 1e-6)", flush=True)
+    assert_follows_reference(start, trail, "fit")
+
+
+def check_warmup_custom_loop():
+    """The same run in a loop of its own (opt.apply each step), against the float64 reference;
+    on TensorFlow once eagerly and once with the step in a tf.function."""
+    x, y = my_data(WARM_STEPS)
+    for traced in ([False, True] if TF else [False]):
+        model, opt = make_model(), warmup_optimizer()
+        start = model.get_weights()
+
+        def step(bx, by):
+            if TF:
+                with tf.GradientTape() as tape:
+                    loss = LOSS(by, model(bx, training=True))
+                opt.apply(tape.gradient(loss, model.trainable_variables), model.trainable_variables)
+            else:
+                model.zero_grad()
+                LOSS(by, model(bx, training=True)).backward()
+                opt.apply([v.value.grad for v in model.trainable_variables], model.trainable_variables)
+        if traced:
+            step = tf.function(step)
+        trail = []
+        for s in range(WARM_STEPS):
+            sl = slice(s * PER_WORKER, (s + 1) * PER_WORKER)
+            step(tensor(x[sl]), tensor(y[sl]))
+            trail.append(model.get_weights())
+            if s == W - 1:
+                assert_ranks_identical(model, f"warm.loop.{traced}")
+        assert outer_of(opt).loop.warm == W
+        assert_follows_reference(start, trail, "tf.function loop" if traced else "loop")
+
+
+def check_checkpoint_warmup():
+    """hvd.save_checkpoint after step 2 of the 3 warm-up steps, loaded into a fresh model: it
+    warms up one step more and then follows the uninterrupted run's bits to step 10 (each rank
+    its own: 3 steps after the sync at step 7); the weights alone (the warm-up count lost: 3
+    warm-up steps again) give other bits."""
+    import os
+    import tempfile
+    x, y = my_data()
+
+    def make():
+        model = make_model()
+        model.compile(optimizer=warmup_optimizer(), loss=LOSS)
+        return model
+
+    def steps(model, first, last):
+        sl = slice(first * PER_WORKER, last * PER_WORKER)
+        model.fit(x[sl], y[sl], batch_size=PER_WORKER, epochs=1, shuffle=False, verbose=0)
+
+    folder = hvd.broadcast_object(tempfile.mkdtemp(prefix="hvdp-outer-warm-") if hvd.rank() == 0 else None,
+                                  name="outer.ckpt.warm.dir")
+    path = os.path.join(folder, "warm.keras")
+    model = make()
+    steps(model, 0, 2)
+    hvd.save_checkpoint(path, model, step=2)
+    steps(model, 2, 10)
+    resumed = make()
+    hvd.load_checkpoint(path, resumed)
+    steps(resumed, 2, 10)
+    loop = outer_of(resumed.optimizer).loop
+    assert (loop.warm, loop.step) == (W, 10 - W), (loop.warm, loop.step)
+    for a, b in zip(model.get_weights(), resumed.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    lost = make()
+    lost.load_weights(path)
+    steps(lost, 2, 10)
+    assert any(not np.array_equal(a, b) for a, b in zip(model.get_weights(), lost.get_weights())), \
+        "without the warm-up count the run is the same: the check cannot see it"
+
+
 def check_refusals():
     for kwargs, text in (({}, "needs sync_every=H"), ({"sync_every": 4, "compression": "powersgd"}, "not one here"),
                          ({"sync_every": 4, "fragments": 5}, "more than sync_every"),
+                         ({"sync_every": 4, "warmup_steps": -1}, "warmup must be an integer >= 0"),
                          ({"sync_every": 4, "hierarchical": True}, "do not combine with the two-level reduction")):
         try:
             hvd.OuterOptimizer(keras.optimizers.SGD(0.1), **kwargs)
