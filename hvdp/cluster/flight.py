@@ -249,12 +249,27 @@ class FlightRecorder:
                 return
             for num in data:
                 if num in ours:
-                    self.dump(f"signal {ours[num]}")
+                    path = self.dump(f"signal {ours[num]}")
                     if (ours[num] == "SIGTERM" and self._previous.get(num) == signal.SIG_DFL
                             and signal.getsignal(num) == self._on_signal):  # not replaced since
                         # what SIGTERM's default would have done, without waiting for the main
-                        # thread (it may be blocked in a collective): end the process now
+                        # thread (it may be blocked in a collective): end the process now, saying why
+                        try:
+                            os.write(2, (self.ended_message("SIGTERM", path) + "\n").encode())
+                        except Exception:
+                            pass
                         os._exit(128 + num)
+
+    def ended_message(self, signame: str, path: Optional[str]) -> str:
+        """What a rank ended by ``signame`` says (horovodrun's SIGTERM to every rank once one has
+        exited, e.g. a rank SIGKILLed: the survivors' own errors may not have been printed yet)."""
+        open_rec = next((r for r in reversed(tuple(self._ring or ())) if r[STATE] != DONE), None)
+        where = (f"in {open_rec[NAME]} #{open_rec[NTH]} ({open_rec[PHASE]}, {open_rec[STATE]})" if open_rec
+                 else "outside hvdp's collectives")
+        return (f"hvdp: rank {self._rank} ended by {signame} {where}. A launcher such as horovodrun stops "
+                "every rank once one has exited: the rank it names as the first to exit is the one that "
+                "failed (one killed by SIGKILL or the OOM killer leaves no report of its own). Flight "
+                f"record: {path or 'not written'}; merge the ranks' records with: python -m hvdp trace DIR")
 
     def _on_signal(self, num, frame) -> None:
         if self._watcher is None:

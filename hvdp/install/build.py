@@ -15,7 +15,7 @@ from typing import Callable, List, Optional
 
 from ..config import cache_dir
 from .cuda import gpu_env
-from .recipe import RUNTIME_REQUIREMENTS, BuildPlan, InstallError, apply_patch
+from .recipe import RUNTIME_REQUIREMENTS, BuildPlan, InstallError, apply_patch, build_requirements
 
 Say = Callable[[str], None]
 
@@ -85,20 +85,23 @@ def obtain_sdist(plan: BuildPlan, cache: str, given: Optional[str], say: Say) ->
 
 
 def ensure_build_requirements(python: str, plan: BuildPlan, say: Say) -> None:
-    """Horovod's setup.py needs setuptools and wheel (and cffi for torch) in the target
-    environment, since it is built without isolation (to see the installed frameworks)."""
-    mods = {"setuptools": "setuptools<81", "wheel": "wheel", "packaging": "packaging"}
-    if any(f.name == "torch" for f in plan.frameworks):
-        mods["cffi"] = "cffi>=1.4.0"
-    code = ("import importlib.util as u; print(' '.join(m for m in %r if u.find_spec(m) is None))"
-            % (list(mods),))
+    """Horovod's setup.py runs in the target environment (built without isolation, to see the
+    installed frameworks): install what :func:`~hvdp.install.recipe.build_requirements` asks for
+    there (setuptools, wheel, packaging, cffi for torch; a setuptools too old for the Python)."""
+    code = ("import importlib.metadata as m, json\n"
+            "def v(n):\n    try: return m.version(n)\n    except m.PackageNotFoundError: return None\n"
+            "print(json.dumps({n: v(n) for n in ('setuptools', 'wheel', 'packaging', 'cffi')}))")
     r = subprocess.run([python, "-c", code], capture_output=True, text=True)
-    missing = [mods[m] for m in r.stdout.split()]
-    if missing:
-        say(f"installing build requirements: {' '.join(missing)}")
-        r = _pip(python, "install", "--quiet", *missing)
+    if r.returncode != 0:
+        raise InstallError(f"could not read the build requirements' versions in {python}: "
+                           f"{(r.stderr or r.stdout).strip()[-300:]}")
+    needed = build_requirements(plan.python, json.loads(r.stdout.strip().splitlines()[-1]), plan.frameworks)
+    if needed:
+        specs = [spec for spec, _ in needed]
+        say("installing build requirements: " + "; ".join(f"{spec} ({why})" for spec, why in needed))
+        r = _pip(python, "install", "--quiet", *specs)
         if r.returncode != 0:
-            raise InstallError(f"pip could not install {' '.join(missing)}: {r.stdout.strip()[-300:]}")
+            raise InstallError(f"pip could not install {' '.join(specs)}: {r.stdout.strip()[-300:]}")
 
 
 def build_wheel(plan: BuildPlan, sdist: str, out: str, jobs: int, log_path: str, say: Say) -> str:

@@ -28,6 +28,36 @@ MIN_CMAKE = (3, 13)
 RUNTIME_REQUIREMENTS = ("cloudpickle", "psutil", "pyyaml", "packaging", "cffi>=1.4.0")
 
 
+# Horovod's setup.py runs without build isolation in the target environment; setuptools older
+# than 66.1 fails there on Python >= 3.12 (pkgutil.ImpImporter is gone), and 81 drops what
+# Horovod's setup.py still imports.
+SETUPTOOLS = "setuptools>=66.1,<81"
+
+
+def _release(version: str) -> Tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", version)[:3])
+
+
+def build_requirements(python: str, installed: Dict[str, Optional[str]],
+                       frameworks: Iterable[Framework] = ()) -> Tuple[Tuple[str, str], ...]:
+    """What Horovod's build needs installed in the target environment first: ((pip spec, why), ...)
+    from ``python`` ("3.12.1") and the installed versions (None: absent) of setuptools, wheel,
+    packaging and cffi (torch's extension only)."""
+    out = []
+    have = installed.get("setuptools")
+    if have is None:
+        out.append((SETUPTOOLS, "setuptools is not installed"))
+    elif _release(python)[:2] >= (3, 12) and _release(have) < (66, 1):
+        out.append((SETUPTOOLS, f"setuptools {have} fails in Horovod's egg_info on Python {python} "
+                                "(pkgutil.ImpImporter was removed in 3.12)"))
+    for name, spec in (("wheel", "wheel"), ("packaging", "packaging")):
+        if installed.get(name) is None:
+            out.append((spec, f"{name} is not installed"))
+    if any(f.name == "torch" for f in frameworks) and installed.get("cffi") is None:
+        out.append(("cffi>=1.4.0", "cffi is not installed (Horovod's torch extension)"))
+    return tuple(out)
+
+
 class InstallError(RuntimeError):
     """A build that cannot work here; the message says what to do instead."""
 
@@ -77,6 +107,23 @@ def patches(frameworks: Iterable[Framework], gpu: bool = False,
                       f"{cxx_version} needs <stdexcept> and <cstdint> included where they are used")]
     out += [Patch("CMakeLists.txt", r"^set\(CMAKE_CXX_STANDARD 14\)", "set(CMAKE_CXX_STANDARD 17)",
                  "Horovod's common sources with C++17, the standard its TF extension already uses")]
+    out.append(Patch("horovod/common/operations.cc",
+                     r"^(  if \(state\.control_operation == LibType::GLOO\) \{\n)"
+                     r"(    horovod_global\.process_set_table\.Finalize\(global_gloo_context,\n"
+                     r"\s+SHUT_DOWN_ERROR\);\n)(  \}\n)",
+                     r"\1    try {\n  \2    } catch (const std::exception& ex) {\n"
+                     r"      LOG(ERROR, horovod_global.global_controller->GetRank())\n"
+                     r'          << "Horovod could not finalize its process sets with the others: " << ex.what();\n'
+                     r"      const Status failed = Status::UnknownError(\n"
+                     r'          SHUT_DOWN_ERROR.reason() + " (" + ex.what() + ")");\n'
+                     r"      for (auto id : horovod_global.process_set_table.Ids()) {\n"
+                     r"        horovod_global.process_set_table.Get(id).tensor_queue.FinalizeTensorQueue(failed);\n"
+                     r"      }\n    }\n\3",
+                     "after a rank died, the shutdown of a job with more than one process set (two-level "
+                     "reduction) negotiates over Gloo with the dead rank; the gloo::IoException it throws "
+                     "there escaped every handler and aborted each survivor in C++ (std::terminate) before "
+                     "Python saw an error. Caught: the pending operations end with Horovod's shut-down "
+                     "error, which hvdp reports"))
     for fw in frameworks:
         if fw.name == "torch":
             std = cxx_standard(fw)

@@ -75,3 +75,27 @@ def test_two_level_reduction(cluster, controller, args, env):
     oks = re.findall(r"CHECK two_level (\S+) OK rank=(\d)", r.stdout)
     expect = 4 * (1 if args[0] == "keras" else len(CODECS))
     assert len(set(oks)) == expect, (sorted(set(oks)), r.stdout[-4000:])
+
+
+TWO_LEVEL_KILL = os.path.join(ROOT, "tests", "parallel", "workers", "two_level_kill.py")
+
+
+def test_rank_killed_inside_two_level_reduction(cluster):
+    """Rank 3 (node B) SIGKILLed with its int8 two-level reduction submitted. Before hvdp's patch
+    of Horovod's shutdown (hvdp/install/recipe.py), every survivor aborted in C++ 0.2-0.4 s later
+    ('terminate called after throwing an instance of gloo::IoException': negotiating the process
+    sets' removal with the dead rank threw outside any handler). Now no rank aborts; horovodrun
+    then stops the others (SIGTERM to the local ones, the ssh session of the remote one), and each
+    local survivor says where it was (hvdp's Python error, or the flight recorder's last words
+    naming the collective it was in). The remote survivor's stop comes through ssh: it says
+    nothing (docs/correctness.md)."""
+    c = cluster
+    r = c.run(c.horovodrun("gloo") + [sys.executable, TWO_LEVEL_KILL, "3"], timeout=JOB_TIMEOUT)
+    out = r.stdout
+    assert r.returncode != 0 and "KILLING rank=3" in out, out[-6000:]
+    assert "terminate called" not in out and "Aborted" not in out, out[-6000:]
+    for rank in (0, 1):  # node A's survivors
+        raised = re.search(rf"ERROR rank={rank} after=\S+ type=HorovodInternalError msg=\"hvdp: ", out)
+        stopped = re.search(rf"hvdp: rank {rank} ended by SIGTERM in hvdp\.opt0\.\S+ #\d+ \(\w+, (started|failed)\)",
+                            out)
+        assert raised or stopped, (rank, out[-6000:])

@@ -58,6 +58,19 @@ def test_ring_keeps_the_last_n_and_counts_every_one():
     assert rec.finished == {"a": 2, "b": 2}
 
 
+def test_a_rank_ended_by_sigterm_names_the_collective_it_was_in():
+    # horovodrun SIGTERMs every rank once one exited (a rank SIGKILLed inside a reduction): the
+    # survivor's last words name where it was, that the launcher stopped it, and its record
+    rec = recorder(rank=2)
+    rec.end(rec.start("hvdp.opt0.b0", "int8", "alltoall", 100))
+    rec.start("hvdp.opt0.b0", "int8", "allgather", 50)
+    msg = rec.ended_message("SIGTERM", "/d/rank-2.json")
+    assert msg.startswith("hvdp: rank 2 ended by SIGTERM in hvdp.opt0.b0 #1 (allgather, started).")
+    assert "the rank it names as the first to exit is the one that failed" in msg and "/d/rank-2.json" in msg
+    quiet = recorder(rank=0)
+    assert "ended by SIGTERM outside hvdp's collectives" in quiet.ended_message("SIGTERM", None)
+
+
 def test_off_records_and_dumps_nothing(tmp_path):
     rec = recorder(capacity=0, directory=str(tmp_path))
     assert rec.start("a", "none", "allreduce", 4) is None

@@ -18,6 +18,10 @@ SDIST_LINES = {  # the lines of Horovod 0.28.1's sources that the patches rewrit
                                        'string(TOUPPER "${Pytorch_CUDA}" Pytorch_CUDA)\n',
     "horovod/common/group_table.h": "#include <queue>\n#include <unordered_map>\n#include <vector>\n",
     "horovod/common/common.h": "#include <memory>\n#include <string>\n#include <unordered_map>\n",
+    "horovod/common/operations.cc": "#if HAVE_GLOO\n  if (state.control_operation == LibType::GLOO) {\n"
+                                    "    horovod_global.process_set_table.Finalize(global_gloo_context,\n"
+                                    "                                              SHUT_DOWN_ERROR);\n  }\n"
+                                    "#endif // HAVE_GLOO\n",
 }
 
 
@@ -44,11 +48,16 @@ def test_cxx_standard_follows_torch_version():
 
 def test_patches_rewrite_the_sdist_lines_and_fail_loudly_elsewhere():
     every = patches([Framework("torch", "2.14.1", "13.0"), Framework("tensorflow", "2.21.0")])
-    assert len(every) == 4
+    assert len(every) == 5
     for p in every:
         out = apply_patch(SDIST_LINES[p.path], p)
         assert out != SDIST_LINES[p.path]
         assert "CMAKE_CXX_STANDARD 14" not in out and "xla_mpi_ops" not in out
+    # the shutdown's negotiation with the other ranks (Gloo) may throw once a rank died: caught
+    ops = [p for p in every if p.path.endswith("operations.cc")][0]
+    shut = apply_patch(SDIST_LINES[ops.path], ops)
+    assert shut.index("try {") < shut.index("Finalize(global_gloo_context") < shut.index("catch (const std::exception")
+    assert "FinalizeTensorQueue(failed)" in shut and shut.endswith("  }\n#endif // HAVE_GLOO\n")
     # a CPU build of a CUDA torch: Horovod's probe result is overridden right after it is made
     cpu = [p for p in every if p.path.endswith("FindPytorch.cmake")][0]
     assert apply_patch(SDIST_LINES[cpu.path], cpu).endswith(
@@ -143,3 +152,23 @@ def test_newer_compilers_and_cmake_get_what_they_need_and_older_ones_nothing_mor
     assert "#include <stdexcept>" in apply_patch(SDIST_LINES["horovod/common/common.h"],
                                                  [p for p in new.patches() if p.path.endswith("common.h")][0])
     assert len(decide(facts(cxx_version="Clang 17.0.6")).patches()) == len(old.patches())
+
+
+def test_build_requirements_upgrade_a_setuptools_too_old_for_python_312():
+    """Horovod's setup.py runs without isolation in the target environment. setuptools < 66.1
+    fails there on Python >= 3.12 (pkgutil.ImpImporter; seen with 65.5.0 and Horovod 0.28.1's
+    egg_info), so it is upgraded; on 3.11 it is left alone, and a current one anywhere."""
+    from hvdp.install.recipe import SETUPTOOLS, build_requirements
+    have = {"setuptools": "65.5.0", "wheel": "0.45.1", "packaging": "24.2", "cffi": None}
+    assert build_requirements("3.11.7", have) == ()
+    for py in ("3.12.1", "3.13.0"):
+        (spec, why), = build_requirements(py, have)
+        assert spec == SETUPTOOLS and "65.5.0" in why and "ImpImporter" in why
+    assert build_requirements("3.13.0", dict(have, setuptools="84.2.1")) == ()
+    assert build_requirements("3.12.1", dict(have, setuptools="66.1.0")) == ()
+    # absent ones are installed; cffi only for torch
+    got = build_requirements("3.12.1", {"setuptools": None, "wheel": None, "packaging": "24.2"},
+                             [Framework("torch", "2.14.1")])
+    assert [s for s, _ in got] == [SETUPTOOLS, "wheel", "cffi>=1.4.0"]
+    assert build_requirements("3.12.1", dict(have, setuptools="84.2.1", packaging=None),
+                              [Framework("tensorflow", "2.21.0")]) == (("packaging", "packaging is not installed"),)
