@@ -113,8 +113,9 @@ def failure_board(environ: Environ = None) -> bool:
 
 
 def stall_timeout_s(environ: Environ = None) -> int:
-    """``HVDP_STALL_TIMEOUT_SECONDS`` (default 600): how long one of hvdp's collectives may wait
-    for the other ranks before the watchdog ends the job; 0: no watchdog."""
+    """``HVDP_STALL_TIMEOUT_SECONDS`` (default 600): how long a collective (hvdp's, or Horovod's
+    called through hvdp.torch / hvdp.keras) may wait for the other ranks before the watchdog ends
+    the job; 0: no watchdog."""
     return env_int(HVDP_STALL_TIMEOUT_SECONDS, 600, minimum=0, environ=environ)
 
 

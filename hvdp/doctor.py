@@ -141,8 +141,10 @@ def hang_settings(environ) -> tuple:
             watchdog = config.stall_timeout_s(environ)
         except ValueError:  # reported by config.problems (diagnose)
             watchdog = 600
-        ends = (f"hvdp's watchdog ends a stall in hvdp's own collectives after {watchdog} s "
-                "(HVDP_STALL_TIMEOUT_SECONDS), but nothing ends one in Horovod's own collectives"
+        ends = (f"hvdp's watchdog ends a stall in hvdp's collectives, and in Horovod's that the script "
+                f"calls through hvdp.torch / hvdp.keras, after {watchdog} s (HVDP_STALL_TIMEOUT_SECONDS), "
+                "but nothing ends one in a collective Horovod runs on its own or inside a graph "
+                "(hvd.SyncBatchNorm, an allreduce's gradient, a collective in a tf.function)"
                 if watchdog > 0 else "with HVDP_STALL_TIMEOUT_SECONDS=0 nothing ends it")
         notes.append("a rank that stops submitting (stuck evaluation, dead data loader) makes the others "
                      f"wait: {ends}; for production export {STALL_ADVICE} (shutdown above your longest "

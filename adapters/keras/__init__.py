@@ -43,6 +43,12 @@ from .functions import accepting_values as _accepting_values  # noqa: E402
 from .functions import allgather, allreduce, broadcast, reducescatter  # noqa: E402,F401,F811
 for _n in ("alltoall", "grouped_allgather", "grouped_allreduce", "grouped_reducescatter"):
     globals()[_n] = _accepting_values(globals()[_n])
+# each blocking one under the stall watchdog: a rank that never arrives is named within
+# HVDP_STALL_TIMEOUT_SECONDS (hvdp.cluster.watchdog)
+from .functions import BLOCKING as _BLOCKING, watched as _watched  # noqa: E402
+for _n in _BLOCKING:
+    if globals().get(_n) is not None:
+        globals()[_n] = _watched(globals()[_n])
 if hasattr(_B.hvd, "broadcast_object_fn"):  # horovod.tensorflow only
     broadcast_object_fn = _B.hvd.broadcast_object_fn
 

@@ -13,15 +13,17 @@ from .backend import BACKEND as B
 
 VERSIONS = {"hvdp": __version__, "horovod": horovod.__version__}
 REPORTER = FailureReporter.for_horovod(B.hvd)
-# the TensorFlow backend's waits (B.watch); on torch, horovod.torch's watchdog times them
+# the ranks-agree check's waits, the user's module collectives (functions.watched), the
+# TensorFlow backend's reductions (B.watch); on torch, horovod.torch's watchdog times the reductions
 WATCHDOG = StallWatchdog(None, B.hvd.rank, B.hvd.size, REPORTER, B.hvd.shutdown)
 
 
 def allgather_fixed(process_set=B.hvd.global_process_set):
     """``(data, name) -> [every rank's bytes]`` on Horovod's allgather (equal lengths), run
-    eagerly even while a train step is being traced."""
+    eagerly even while a train step is being traced, under the stall watchdog."""
     def gather(data: bytes, name: str):
-        out = B.allgather_np(np.frombuffer(data, np.uint8).reshape(1, -1), name, process_set)
+        with WATCHDOG.waiting(name):  # the ranks-agree check (hvdp.agree.*), the levels' exchange
+            out = B.allgather_np(np.frombuffer(data, np.uint8).reshape(1, -1), name, process_set)
         return [row.tobytes() for row in out]
     return gather
 

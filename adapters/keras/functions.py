@@ -1,7 +1,7 @@
 """Variable helpers for Keras 3 variables (Horovod's own expect tf.Variable.ref() or torch tensors),
 and Horovod's module collectives taking what Keras users pass."""
 import functools
-from .agreement import check_broadcast
+from .agreement import WATCHDOG, check_broadcast
 from .backend import BACKEND as B
 
 
@@ -17,7 +17,8 @@ def broadcast_variables(variables, root_rank, process_set=B.hvd.global_process_s
     variables = list(variables)
     names = [getattr(v, "path", None) or v.name for v in variables]
     check_broadcast(variables, names, root_rank, process_set)
-    B.broadcast_variables(variables, names, root_rank, process_set)
+    with WATCHDOG.waiting("hvd.broadcast_variables"):
+        B.broadcast_variables(variables, names, root_rank, process_set)
 
 
 def broadcast_global_variables(root_rank):
@@ -42,6 +43,19 @@ def accepting_values(fn):
             value = B.collective_input(value)
         return fn(value, *args, **kwargs)
     return wrapped
+
+
+def watched(fn):
+    """Horovod's blocking collective ``fn`` under the stall watchdog (``hvdp.cluster.watchdog``):
+    a rank that never arrives is named within the deadline; a call while a graph is traced only
+    adds an op (not timed)."""
+    return WATCHDOG.watched(fn, tracing=B.tracing)
+
+
+# the blocking collectives hvdp.keras exports, watched in __init__
+BLOCKING = ("allreduce", "allgather", "broadcast", "reducescatter", "alltoall", "grouped_allgather",
+            "grouped_allreduce", "grouped_reducescatter", "broadcast_object", "allgather_object",
+            "broadcast_")
 
 
 # horovod.tensorflow.keras's own signatures (value first, then name: a positional name means the

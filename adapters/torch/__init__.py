@@ -31,6 +31,11 @@ from .mesh import hierarchical_process_sets  # noqa: F401  (hvdp.cluster.topolog
 from .ops import TorchOps  # noqa: F401
 from .optimizer import DistributedOptimizer  # noqa: F401
 from .outer import OuterOptimizer  # noqa: F401  (outer steps every H inner steps: hvdp.outer)
+from .watched import watched_collectives as _watched_collectives
+
+# Horovod's blocking collectives (hvd.allreduce, hvd.broadcast_object, ...) under the stall
+# watchdog: a rank that never arrives is named within HVDP_STALL_TIMEOUT_SECONDS
+globals().update(_watched_collectives())
 
 # hvdp's elastic module replaces horovod.torch.elastic (which the * import bound to this name,
 # so `from . import elastic` would silently return Horovod's)

@@ -21,10 +21,12 @@ WATCHDOG = StallWatchdog(None, _hvd.rank, _hvd.size, REPORTER, _hvd.shutdown)
 
 
 def allgather_fixed(process_set=_hvd.global_process_set):
-    """``(data, name) -> [every rank's bytes]`` on Horovod's allgather (equal lengths)."""
+    """``(data, name) -> [every rank's bytes]`` on Horovod's allgather (equal lengths), under the
+    stall watchdog."""
     def gather(data: bytes, name: str):
         t = torch.frombuffer(bytearray(data), dtype=torch.uint8).reshape(1, -1)
-        out = _hvd.allgather(t, name=name, process_set=process_set)
+        with WATCHDOG.waiting(name):  # the ranks-agree check (hvdp.agree.*), the levels' exchange
+            out = _hvd.allgather(t, name=name, process_set=process_set)
         return [bytes(row.numpy().tobytes()) for row in out]
     return gather
 
@@ -46,4 +48,5 @@ def broadcast_parameters(params, root_rank, process_set=_hvd.global_process_set)
                                   root_rank=root_rank)
         agreement.check(desc, allgather_fixed(process_set), "the tensors given to broadcast_parameters",
                         what="tensor", name="hvdp.agree.broadcast")
-    broadcast_(items, root_rank, process_set)  # any dtype (bf16) and layout (channels_last)
+    with WATCHDOG.waiting("hvd.broadcast_parameters"):  # all submitted at once: one wait
+        broadcast_(items, root_rank, process_set)  # any dtype (bf16) and layout (channels_last)

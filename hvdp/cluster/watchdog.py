@@ -1,17 +1,19 @@
-"""A deadline on hvdp's own collectives: a stalled rank ends the job with a clear error.
+"""A deadline on collectives: a stalled rank ends the job with a clear error.
 
 Horovod's stall inspector shuts a job down when one rank stops submitting tensors, but only over
 MPI, and only when ``HOROVOD_STALL_SHUTDOWN_TIME_SECONDS`` is set (over Gloo, in 0.28.1, it never
 fires): a rank stuck in a long evaluation, a dead data loader or a deadlock in user code leaves
 every other rank waiting forever. hvdp's watchdog is a thread in each process that knows when
-this process waits in one of hvdp's collectives (the adapters wrap each wait in
+this process waits in a collective: hvdp's own (the adapters wrap each wait in
 :meth:`StallWatchdog.waiting`; waits inside TensorFlow's executor are counts it polls,
-:meth:`StallWatchdog.poll`). When a wait has lasted half the deadline, it leaves a note on
-the failure board (``hvdp.cluster.failures``): "rank r waits at <collective> since <time>". When it
-reaches the deadline, it reads every rank's note, names the ranks that left none (they did not
-arrive) and those waiting at another collective, reports that as this rank's failure and shuts
-Horovod down: the waiting ranks' collectives fail at once, each with the watchdog's message, and a
-stalled rank that comes back finds Horovod down and is told why by the board.
+:meth:`StallWatchdog.poll`), and Horovod's module collectives that user code calls through
+hvdp.torch / hvdp.keras (re-exported wrapped by :meth:`StallWatchdog.watched`). When a wait has
+lasted half the deadline, it leaves a note on the failure board (``hvdp.cluster.failures``):
+"rank r waits at <collective> since <time>". When it reaches the deadline, it reads every rank's
+note, names the ranks that left none (they did not arrive) and those waiting at another
+collective, reports that as this rank's failure and shuts Horovod down: the waiting ranks'
+collectives fail at once, each with the watchdog's message, and a stalled rank that comes back
+finds Horovod down and is told why by the board.
 
 ``HVDP_STALL_TIMEOUT_SECONDS`` sets the deadline (default 600; 0 turns the watchdog off). A
 rank that waits longer than that for a legitimate reason (an evaluation on one rank only) should
@@ -27,6 +29,8 @@ Example::
 """
 from __future__ import annotations
 
+import functools
+import inspect
 import json
 import socket
 import threading
@@ -40,10 +44,11 @@ from .flight import RECORDER as FLIGHT
 
 NOTE_KEY = "stall-{rank}"
 NOTE_AT = 0.5        # a wait this fraction of the deadline old leaves its note on the board
+DOWN_WAIT_S = 30.0   # how long a failed wait waits for the watchdog's shutdown to return
 
 
 class StallError(RuntimeError):
-    """Some rank did not arrive at one of hvdp's collectives within the deadline."""
+    """Some rank did not arrive at a collective within the deadline."""
 
 
 def describe(rank: int, name: str, timeout_s: float, size: int, notes: Dict[int, dict],
@@ -100,12 +105,13 @@ class StallWatchdog:
         self._reporter, self._shutdown, self._clock = reporter, shutdown, clock
         self._start_thread = start_thread
         # internal state
-        self._wait: Optional[_Wait] = None
+        self._waits: Dict[int, _Wait] = {}  # thread -> its innermost wait (:meth:`waiting`)
         self._polled: Optional[Tuple[str, Callable[[], Tuple[int, int, Sequence[object]]]]] = None  # poll
         self._pwait: Optional[_Wait] = None
         self._plag = 0  # polled waits begun that will never end (failed steps): not waits
         self._thread: Optional[threading.Thread] = None
         self._lock = threading.Lock()
+        self._down = threading.Event()  # the watchdog's shutdown of Horovod returned
         self.message: Optional[str] = None   # set once the watchdog fired
 
     @property
@@ -117,23 +123,63 @@ class StallWatchdog:
     @contextmanager
     def waiting(self, name: str) -> Iterator[None]:
         """Around one blocking wait of this process on a collective named ``name``. An error of
-        the wait after the watchdog fired (Horovod shut down under it) becomes a ``StallError``."""
+        the wait after the watchdog fired (Horovod shut down under it) becomes a ``StallError``.
+        Waits of several threads are timed each; a wait inside another one (same thread) stands
+        for it until it ends, and the outer one's deadline then starts again (it made progress)."""
         if self.timeout_s <= 0:
             yield
             return
         self._ensure_thread()
-        w = _Wait(name, self._clock(), time.time())
-        self._wait = w
+        tid = threading.get_ident()
+        outer = self._waits.get(tid)
+        w = self._waits[tid] = _Wait(name, self._clock(), time.time())
         try:
             yield
         except Exception as e:
             if self.message is None:
                 raise
+            # Horovod's shutdown joins its background thread unguarded: a second one at once (the
+            # interpreter's exit, after this error) hung in pthread_join. Let the watchdog's return.
+            self._down.wait(DOWN_WAIT_S)
             raise self._as_stall(e) from None  # what Horovod said after the shutdown adds nothing
         finally:
-            self._wait = None
-            if w.noted:  # a slow wait that finished: its note no longer holds
-                self._put_note(None)
+            last = self._waits.get(tid)  # w, or its restart after a wait inside it ended
+            if outer is None:
+                self._waits.pop(tid, None)
+            else:
+                self._waits[tid] = _Wait(outer.name, self._clock(), time.time())
+            if w.noted or (last is not None and last.noted):  # a slow wait that finished: its
+                self._put_note(None)                          # note no longer holds
+
+    def watched(self, fn: Callable, label: Optional[str] = None,
+                tracing: Callable[[], bool] = lambda: False) -> Callable:
+        """``fn`` (a blocking collective of Horovod's module, as user code calls it) with each
+        call under :meth:`waiting`, named ``<label>(name='<its name argument>')``; ``label``:
+        ``hvd.<fn's name>``. ``tracing()``: True while a graph is traced (the call only adds an
+        op to it, nothing waits: not timed). Costs a context manager per call.
+
+        Example::
+
+            allreduce = WATCHDOG.watched(horovod.torch.allreduce)
+            allreduce(t, name="loss")  # a stall: StallError "... at hvd.allreduce(name='loss'): ..."
+        """
+        label = label or f"hvd.{fn.__name__}"
+        try:
+            params = list(inspect.signature(fn).parameters)
+        except (TypeError, ValueError):
+            params = []
+        pos = params.index("name") if "name" in params else None
+
+        @functools.wraps(fn)
+        def call(*args, **kwargs):
+            if tracing():
+                return fn(*args, **kwargs)
+            name = kwargs.get("name")
+            if name is None and pos is not None and len(args) > pos:
+                name = args[pos]
+            with self.waiting(label if name is None else f"{label}(name={name!r})"):
+                return fn(*args, **kwargs)
+        return call
 
     def poll(self, name: str, read: Callable[[], Tuple[int, int, Sequence[object]]]) -> None:
         """Waits that no Python call brackets (collectives inside TensorFlow's executor):
@@ -228,18 +274,17 @@ class StallWatchdog:
         """One look at this process's wait; True when it fired (and shut Horovod down)."""
         if self.message is not None:
             return False
-        w = self._wait
-        polled = w is None
-        if polled:
-            w = self._polled_wait()
+        waits = list(self._waits.values())
+        polled = not waits
+        w = self._polled_wait() if polled else min(waits, key=lambda x: x.t0)  # the oldest
         if w is None:
             return False
         waited = self._clock() - w.t0
         if waited >= NOTE_AT * self.timeout_s and not w.noted:
             w.noted = True
             self._put_note(w)
-        if waited < self.timeout_s or (not polled and self._wait is not w):
-            return False
+        if waited < self.timeout_s or (not polled and all(x is not w for x in list(self._waits.values()))):
+            return False  # (a wait that ended meanwhile)
         rank, size = int(self._get_rank()), int(self._get_size())
         notes = self.notes(size, since=w.wall0 - self.timeout_s)
         notes.setdefault(rank, {"name": w.name})
@@ -254,5 +299,6 @@ class StallWatchdog:
             self._shutdown()
         except Exception:
             pass
+        self._down.set()
         return True
 

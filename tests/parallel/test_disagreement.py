@@ -267,6 +267,49 @@ def test_keras_tf_a_caught_step_error_is_no_stall_later():
     assert sorted(re.findall(r"DONE rank=(\d)", out)) == ["0", "1"], out[-4000:]
 
 
+# Horovod's module collectives that the script itself calls (hvdp.torch / hvdp.keras re-export
+# them under the watchdog: StallWatchdog.watched) and hvdp.keras's ranks-agree check: rank 1
+# sleeps past the job (120 s) where rank 0 calls them; rank 0 must end with the watchdog's error
+# naming rank 1 and the collective, at the deadline. Each case shuts Horovod down: one job each.
+USER_STALLS = {
+    ("disagree_torch.py", "stall_user"): "hvd.allreduce(name='user.loss')",
+    ("disagree_keras.py", "stall_user"): "hvd.allreduce(name='user.loss')",
+    ("disagree_keras.py", "stall_agree"): "hvdp.agree.optimizer.digest",
+}
+LATE_S = 5  # from the call to the error, past the deadline: the watchdog's look (0.2 s), the shut-down
+
+
+def call_took(out, rank=0):
+    """(seconds from the call to its end, wall time of the end) on ``rank`` (stalled_call's line)."""
+    m = re.search(rf"CALL rank={rank} took=(\S+)s end=(\S+)", out)
+    return (float(m.group(1)), float(m.group(2))) if m else (None, None)
+
+
+@pytest.mark.parametrize("worker,case", sorted(USER_STALLS))
+def test_stall_watchdog_names_the_rank_missing_at_a_user_collective_or_the_check(worker, case, tmp_path):
+    env = {"HVDP_STALL_TIMEOUT_SECONDS": str(WATCHDOG_S), "KERAS_BACKEND": "tensorflow",
+           "HVDP_FLIGHT_DIR": str(tmp_path)}
+    out, errs = run_case(worker, case, "gloo", env=env)
+    at = USER_STALLS[(worker, case)]
+    assert 0 in errs, f"rank 0 printed no error:\n{out[-4000:]}"
+    tp, msg = errs[0]
+    assert tp == "StallError", (tp, msg, out[-3000:])
+    assert f"rank 0 waited {WATCHDOG_S} s at {at}: rank 1 did not arrive" in msg, msg
+    took, end = call_took(out)
+    print(f"TIMING {worker} {case}: rank 0's call to its error {took} s")
+    # fit (stall_agree) traces the step before the check: seconds more on a loaded machine
+    limit = WATCHDOG_S + (10 if case == "stall_agree" else LATE_S)
+    assert took is not None and WATCHDOG_S <= took < limit, (took, out[-3000:])
+    if case == "stall_agree":
+        # the check's own start is in rank 0's flight record, dumped when the watchdog fired
+        dump = json.load(open(tmp_path / "rank-0.json"))
+        recs = [dict(zip(dump["fields"], r)) for r in dump["records"]]
+        start = min(r["start"] for r in recs if r["name"] == at)
+        print(f"TIMING {worker} {case}: from the check's start to rank 0's error {end - start:.2f} s")
+        assert WATCHDOG_S <= end - start < WATCHDOG_S + LATE_S, (end - start, recs)
+    assert "DONE rank=1" not in out and "CALL rank=1" not in out  # rank 1 never got there
+
+
 KERAS = {
     "wider_int8": "has shape [2048, 32] on rank 0 but [2048, 48] on rank 1",
     "extra_none": "extra/kernel' [4, 4] float32 that rank 0 lacks",

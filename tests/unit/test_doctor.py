@@ -17,7 +17,8 @@ def test_doctor_names_a_framework_upgraded_after_the_build():
 def test_doctor_advises_on_what_ends_a_stalled_job():
     notes, problems = hang_settings({})
     assert problems == [] and any("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS=600" in n for n in notes)
-    assert any("hvdp's watchdog ends a stall in hvdp's own collectives after 600 s" in n for n in notes)
+    assert any("hvdp's watchdog ends a stall in hvdp's collectives, and in Horovod's that the script calls "
+               "through hvdp.torch / hvdp.keras, after 600 s" in n for n in notes)
     notes, _ = hang_settings({"HVDP_STALL_TIMEOUT_SECONDS": "0"})
     assert any("nothing ends it" in n for n in notes)
     assert hang_settings({"HOROVOD_STALL_CHECK_TIME_SECONDS": "60",

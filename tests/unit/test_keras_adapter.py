@@ -89,6 +89,41 @@ def test_compression_members_keep_horovods_compressor_contract(backend):
     assert r.stdout.strip().endswith("SAME " + ("3" if backend == "tensorflow" else "1")), r.stderr[-3000:]
 
 
+@pytest.mark.parametrize("backend", ["tensorflow", "torch"])
+def test_module_collectives_are_under_the_stall_watchdog(backend):
+    """hvd.allreduce & co. as hvdp.keras exports them: each eager call a wait of the stall
+    watchdog named after the collective and its name argument (Horovod refuses, not initialized);
+    a call while a graph is traced is not one."""
+    code = ("import contextlib, json, numpy as np, hvdp.keras as hvd\n"
+            "from hvdp.keras.agreement import WATCHDOG\n"
+            "seen = []\n"
+            "@contextlib.contextmanager\n"
+            "def waiting(name):\n"
+            "    seen.append(name)\n"
+            "    yield\n"
+            "WATCHDOG.waiting = waiting\n"
+            "x = np.ones(2, 'float32')\n"
+            "for call in (lambda: hvd.allreduce(x, 'loss'), lambda: hvd.allgather(x),\n"
+            "             lambda: hvd.broadcast(x, 0, 'w'), lambda: hvd.grouped_allreduce([x], name='g'),\n"
+            "             lambda: hvd.broadcast_object(1, 0, name='cfg')):\n"
+            "    try:\n"
+            "        call()\n"
+            "    except Exception as e:\n"
+            "        assert 'not been initialized' in str(e) or 'not initialized' in str(e), repr(e)\n"
+            "if hvd._B.name == 'tensorflow':\n"
+            "    import tensorflow as tf\n"
+            "    try:  # traced: not a wait (Horovod may refuse while the op is built)\n"
+            "        tf.function(lambda t: hvd.allreduce(t, name='traced')).get_concrete_function(tf.TensorSpec([2]))\n"
+            "    except ValueError as e:\n"
+            "        assert 'not been initialized' in str(e), repr(e)\n"
+            "print('SEEN', json.dumps(seen))")
+    r = _run(code, backend)
+    line = [s for s in r.stdout.splitlines() if s.startswith("SEEN ")]
+    assert line, r.stderr[-3000:]
+    assert json.loads(line[-1][5:]) == ["hvd.allreduce(name='loss')", "hvd.allgather", "hvd.broadcast(name='w')",
+                                        "hvd.grouped_allreduce(name='g')", "hvd.broadcast_object(name='cfg')"]
+
+
 def test_torch_backend_runs_the_same_codecs_as_the_numpy_reference():
     """hvdp.keras on the torch backend encodes with hvdp.torch's ops: same bytes as numpy."""
     code = ("import numpy as np, hvdp.keras as hvd; from hvdp import codecs; from hvdp.ops import NumpyOps\n"

@@ -37,6 +37,36 @@ def test_every_horovod_torch_name_is_reachable():
     assert len(public) > 50
 
 
+def test_horovods_blocking_collectives_are_under_the_stall_watchdog(monkeypatch):
+    """hvd.allreduce & co. as hvdp.torch exports them: Horovod's own, each call a wait of the
+    stall watchdog named after the collective and its name argument; the async forms unchanged
+    (their wait is hvd.synchronize, watched)."""
+    import contextlib
+
+    from hvdp.torch import functions
+    from hvdp.torch.agreement import WATCHDOG
+    from hvdp.torch.watched import BLOCKING
+    for n in BLOCKING:
+        assert getattr(hvd, n).__wrapped__ is getattr(hvd_torch, n), n
+    assert hvd.broadcast_optimizer_state.__wrapped__ is functions.broadcast_optimizer_state
+    assert hvd.allreduce_async_ is hvd_torch.allreduce_async_
+    seen = []
+
+    @contextlib.contextmanager
+    def waiting(name):
+        seen.append(name)
+        yield
+    monkeypatch.setattr(WATCHDOG, "waiting", waiting)
+    t = torch.ones(2)
+    for call in (lambda: hvd.allreduce(t, name="loss"), lambda: hvd.allreduce_(t, None, "x"),
+                 lambda: hvd.allgather(t), lambda: hvd.broadcast(t, 0, "w"),
+                 lambda: hvd.broadcast_object({"a": 1}, 0, name="cfg"), lambda: hvd.barrier()):
+        with pytest.raises(Exception, match="not been initialized"):  # no horovodrun here
+            call()
+    assert seen == ["hvd.allreduce(name='loss')", "hvd.allreduce_(name='x')", "hvd.allgather",
+                    "hvd.broadcast(name='w')", "hvd.broadcast_object(name='cfg')", "hvd.barrier"]
+
+
 def test_compression_members_and_horovod_compressors():
     from hvdp.torch.compression import resolve
     assert {hvd.Compression.int8.name, hvd.Compression.bf16.name, hvd.Compression.topk.name} == \

@@ -213,3 +213,126 @@ def test_a_failed_steps_count_is_the_baseline_for_one_long_call_after_it(tmp_pat
     clock.t += 0.2
     assert d0.check() and down0 == ["down"]
     assert "rank 1 did not arrive" in d0.message
+
+
+# --- Horovod's module collectives called from user code (StallWatchdog.watched) -----------------
+def test_a_watched_collective_is_named_with_its_name_argument(tmp_path):
+    board, clock = DirBoard(str(tmp_path / "b")), Clock()
+    d0, down0 = dog(board, 0, size=2, clock=clock)
+    seen = []
+
+    def allreduce(tensor, average=None, name=None, op=None):  # Horovod's signature: name third
+        seen.append([w.name for w in d0._waits.values()])  # this process's waits during the call
+        return tensor
+
+    def broadcast_object(obj, root_rank=0, name=None):
+        seen.append([w.name for w in d0._waits.values()])
+        return obj
+
+    ar, bo = d0.watched(allreduce), d0.watched(broadcast_object)
+    assert ar.__wrapped__ is allreduce and ar.__name__ == "allreduce"
+    assert ar(1, None, "loss") == 1 and ar(2, name="acc") == 2 and ar(3) == 3
+    assert bo({"a": 1}, 0, "cfg") == {"a": 1} and bo(5) == 5
+    assert seen == [["hvd.allreduce(name='loss')"], ["hvd.allreduce(name='acc')"], ["hvd.allreduce"],
+                    ["hvd.broadcast_object(name='cfg')"], ["hvd.broadcast_object"]]
+    assert d0._waits == {} and down0 == []              # each wait ended with its call
+    seen.clear()
+    assert d0.watched(allreduce, tracing=lambda: True)(4, name="x") == 4
+    assert seen == [[]]                                 # a graph being traced: nothing waits
+
+
+def test_a_rank_that_never_arrives_at_a_user_collective_is_named_within_the_deadline(tmp_path):
+    """The real thread, a 0.4 s deadline: rank 0's hvd.allreduce (a fake that blocks until
+    Horovod is shut down) ends in StallError naming rank 1, which never called it, and the call."""
+    import threading
+    import time
+
+    board = DirBoard(str(tmp_path / "b"))
+    down = threading.Event()
+    rep = FailureReporter(lambda: 0, board, wait_s=0)
+    d0 = StallWatchdog(0.4, lambda: 0, lambda: 2, rep, down.set)
+
+    def allreduce(tensor, average=None, name=None):
+        if not down.wait(30):
+            raise AssertionError("the watchdog never fired")
+        raise RuntimeError("Horovod has been shut down. This was caused by an exception on one of the ranks")
+
+    t0 = time.monotonic()
+    with pytest.raises(StallError) as info:
+        d0.watched(allreduce)(1.0, name="user.loss")
+    took = time.monotonic() - t0
+    assert 0.4 <= took < 0.4 + 1.5, took
+    msg = str(info.value)
+    assert "rank 0 waited 0.4 s at hvd.allreduce(name='user.loss'): rank 1 did not arrive" in msg, msg
+
+
+def test_the_waiting_rank_raises_once_the_watchdogs_shutdown_returned(tmp_path):
+    """Horovod's shutdown joins its background thread unguarded: the waiting rank's error must
+    not let the interpreter exit (whose atexit calls it again) while the watchdog's is still in
+    it (seen: the second join hung until horovodrun killed the rank)."""
+    import threading
+    import time
+
+    failing, returned = threading.Event(), []
+
+    def shutdown():
+        failing.set()            # Horovod's loop stops: the waiting collective fails at once...
+        time.sleep(0.5)          # ...while the shutdown still joins Horovod's thread
+        returned.append(time.monotonic())
+
+    rep = FailureReporter(lambda: 0, DirBoard(str(tmp_path / "b")), wait_s=0)
+    d0 = StallWatchdog(0.3, lambda: 0, lambda: 2, rep, shutdown)
+
+    def allreduce(tensor, name=None):
+        assert failing.wait(30)
+        raise RuntimeError("Horovod has been shut down.")
+
+    with pytest.raises(StallError):
+        d0.watched(allreduce)(1.0)
+    assert returned and time.monotonic() >= returned[0]
+
+
+def test_a_wait_inside_another_stands_for_it_and_restarts_its_deadline(tmp_path):
+    """hvd.broadcast_optimizer_state (one wait) may run hvdp's own waits inside it: the inner one
+    is what is timed; when it ends, the outer one's deadline starts again (it made progress)."""
+    board, clock = DirBoard(str(tmp_path / "b")), Clock()
+    d0, down0 = dog(board, 0, size=2, clock=clock)
+    with d0.waiting("outer"):
+        clock.t += 6
+        with d0.waiting("inner"):
+            clock.t += 6                            # outer 12 s old, inner 6 s
+            assert not d0.check()
+            assert json.loads(board.get(NOTE_KEY.format(rank=0)))["name"] == "inner"
+        assert "name" not in json.loads(board.get(NOTE_KEY.format(rank=0)))
+        clock.t += 9.9                              # the outer one, since the inner ended
+        assert not d0.check() and down0 == []
+        clock.t += 0.2
+        assert d0.check() and down0 == ["down"] and "at outer:" in d0.message
+    assert d0._waits == {}
+
+
+def test_waits_of_two_threads_are_timed_each(tmp_path):
+    """A wait that ends in one thread (a user's collective in a helper thread) does not hide
+    another thread's wait that goes on."""
+    import threading
+
+    board, clock = DirBoard(str(tmp_path / "b")), Clock()
+    d0, down0 = dog(board, 0, size=2, clock=clock)
+    started, release, ended = threading.Event(), threading.Event(), threading.Event()
+
+    def helper():
+        with d0.waiting("hvd.allreduce(name='metric')"):
+            started.set()
+            release.wait(10)
+        ended.set()
+
+    with d0.waiting("hvdp.opt0.b0"):
+        t = threading.Thread(target=helper)
+        t.start()
+        assert started.wait(10)
+        clock.t += 3
+        release.set()
+        assert ended.wait(10)
+        t.join(10)
+        clock.t += 7.1                              # the main thread's wait: 10.1 s
+        assert d0.check() and down0 == ["down"] and "at hvdp.opt0.b0:" in d0.message

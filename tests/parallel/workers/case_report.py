@@ -2,6 +2,7 @@
 (what tests/parallel/test_disagreement.py parses), or 'DONE rank=<r>'; with several cases in one
 job (``run_cases``) each line starts 'case=<name> '."""
 import json
+import os
 import sys
 import time
 
@@ -43,3 +44,16 @@ def run_named_checks(checks, names, rank):
     for name in names or list(checks):
         checks[name]()
         print(f"CHECK {name} OK rank={rank()}", flush=True)
+
+
+def stalled_call(rank, call):
+    """Rank 1 sleeps (``STALL_S``, default 120 s: past the job; e.g. a long evaluation on one rank
+    only) before ``call()``, which the others make at once; every rank prints 'CALL rank=<r>
+    took=<s>s end=<wall time>' when its call ends (returned or raised): the time the test bounds."""
+    if rank == 1:
+        time.sleep(float(os.environ.get("STALL_S", "120")))
+    t = time.monotonic()
+    try:
+        return call()
+    finally:
+        print(f"CALL rank={rank} took={time.monotonic() - t:.2f}s end={time.time():.3f}", flush=True)

@@ -11,7 +11,7 @@ import keras
 import numpy as np
 
 import hvdp.keras as hvd
-from case_report import run_and_report, run_cases
+from case_report import run_and_report, run_cases, stalled_call
 
 
 def model_for(case, rank):
@@ -75,6 +75,8 @@ def caught_error(model, x, y):
 
 
 def run(case, rank):
+    if case == "stall_user":  # rank 1 never reaches the script's own hvd.allreduce
+        return stalled_call(rank, lambda: hvd.allreduce(np.ones(1, "float32"), name="user.loss"))
     model = model_for(case, rank)
     x = np.random.default_rng(0).standard_normal((24, 2048)).astype("float32")
     y = np.arange(24) % 4
@@ -91,6 +93,8 @@ def run(case, rank):
     model.compile(optimizer=opt, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     if case == "caught_error":
         return caught_error(model, x, y)
+    if case == "stall_agree":  # rank 1 never reaches fit, where the ranks-agree check runs
+        return stalled_call(rank, lambda: model.fit(x, y, batch_size=8, epochs=1, verbose=0))
     model.fit(x, y, batch_size=8, epochs=1, verbose=0,
               callbacks=[CALLBACKS[case]()] if case in CALLBACKS else [])
 

@@ -11,7 +11,7 @@ import time
 import torch
 
 import hvdp.torch as hvd
-from case_report import run_and_report, run_cases
+from case_report import run_and_report, run_cases, stalled_call
 
 
 def model_for(case, rank):
@@ -54,6 +54,8 @@ class FailingDecode:
 
 
 def run(case, rank):
+    if case == "stall_user":  # rank 1 never reaches the script's own hvd.allreduce
+        return stalled_call(rank, lambda: hvd.allreduce(torch.ones(1), name="user.loss"))
     model = model_for(case, rank)
     x, y = torch.randn(16, 2048), torch.randint(0, 4, (16,))
     if case == "broadcast":
