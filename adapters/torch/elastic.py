@@ -32,6 +32,7 @@ from horovod.torch.elastic.state import (OptimizerStateHandler, StateHandler, ge
 from hvdp.cluster.elastic import ElasticOrder
 
 from .functions import broadcast_optimizer_state
+from .outer import is_outer_class
 from .tensors import broadcast_
 
 
@@ -98,7 +99,7 @@ class _Outer(abc.ABC):
 
     @classmethod
     def __subclasshook__(cls, sub):
-        return True if getattr(sub, "_hvdp_outer", False) else NotImplemented
+        return True if is_outer_class(sub) else NotImplemented
 
 
 class _OuterHandler(_OptimizerHandler):

@@ -176,6 +176,11 @@ class _OuterOptimizer(torch.optim.Optimizer):
                     p.copy_(local[i] if local is not None else self.outer.globals[i])
 
 
+def is_outer_class(cls) -> bool:
+    """Whether ``cls`` is an ``hvd.OuterOptimizer``'s class (made on the fly from the user's)."""
+    return bool(getattr(cls, "_hvdp_outer", False))
+
+
 def OuterOptimizer(optimizer, named_parameters=None, sync_every=None, outer_lr=0.7, outer_momentum=0.9,
                    nesterov=True, compression="none", fragments=1, delay=0, mix=0.0, warmup_steps=0, policy=None,
                    buffers=None, hierarchical=False, process_set=_hvd.global_process_set):
