@@ -140,6 +140,7 @@ def bootstrap(launcher: Launcher, store, hostname: Optional[str] = None,
 
 _STORES: list = []     # kept alive: rank 0's may serve the others
 _GENERATION = [0]      # a second init (after shutdown) uses fresh keys
+_SET: list = []        # the variables each bootstrap of this process put into its environment
 STORE_TIMEOUT_S = 300  # how long a rank waits for the others' host names and rank 0's plan
 
 
@@ -166,6 +167,21 @@ def group_store(dist):
     return dist.PrefixStore(f"hvdp/group/{_GENERATION[0]}/", dist.distributed_c10d._get_default_store())
 
 
+def as_launched(environ: Mapping[str, str]) -> Mapping[str, str]:
+    """``environ`` as the launcher left it: without the Horovod variables this process's own
+    bootstrap set (where they are still there unchanged). A second ``hvd.init()`` after
+    ``hvd.shutdown()`` must bootstrap a new job, not read them as horovodrun's: that rejoined the
+    first job's RendezvousServer, where Horovod 0.28.1 can leave the first job's keys of the local
+    scope (its ``finished_list.clear()`` in ``do_DELETE`` drops one rank's finish when another
+    scope completes between the two), and a rank that came first connected to the other rank's
+    closed address from the first job: Gloo's uncaught IoException ("connect ...: Connection
+    refused") aborted Horovod's background thread (seen under Ray Train, tests/parallel/test_ray.py)."""
+    for env in reversed(_SET):
+        if all(environ.get(k) == v for k, v in env.items()):
+            return {k: v for k, v in environ.items() if k not in env}
+    return environ
+
+
 def init(horovod_init: Callable, horovod_size: Callable[[], int], is_initialized: Callable[[], bool],
          comm=None, process_sets=None, make_store: Optional[Callable[[Launcher], object]] = None,
          environ=None, group: Optional[Callable[[], Optional[tuple]]] = None) -> None:
@@ -175,7 +191,8 @@ def init(horovod_init: Callable, horovod_size: Callable[[], int], is_initialized
     name) of the framework's initialised process group, or None; used where no launcher's
     variables are present (the store is then the group's, ``make_store`` of a ``group`` launcher)."""
     environ = os.environ if environ is None else environ
-    launcher = detect(environ)
+    launched = as_launched(environ)
+    launcher = detect(launched)
     if launcher.kind == "none" and group is not None:
         found = group()
         if found and found[1] > 1:
@@ -191,7 +208,9 @@ def init(horovod_init: Callable, horovod_size: Callable[[], int], is_initialized
                                "Horovod's Gloo controller from its variables through torch's "
                                f"TCPStore, and torch is not installed here: {FIX}")
         store = make_store(launcher)
-        environ.update(bootstrap(launcher, store, environ=environ))
+        env = bootstrap(launcher, store, environ=launched)
+        _SET.append(env)
+        environ.update(env)
     horovod_init(comm=comm, process_sets=process_sets)
     if comm is None:
         check_size(launcher, horovod_size())

@@ -205,3 +205,30 @@ def test_an_initialised_process_group_bootstraps_without_launcher_variables(monk
     for grp in (lambda: (0, 1, "g"), lambda: None):
         bs.init(lambda **k: None, lambda: 1, lambda: False, environ={}, make_store=make_store, group=grp)
     assert len(kinds) == 2
+
+
+def test_a_second_init_after_shutdown_bootstraps_a_new_job(monkeypatch):
+    """hvd.init(), hvd.shutdown(), hvd.init() in one process (the Ray check runs the torchrun
+    checks, then torch_digits.py, in each worker): the variables the first bootstrap set are not
+    read as horovodrun's; the second init starts a new rendezvous server (the first one's keys can
+    outlive its job) and every rank gets its port. Genuine horovodrun variables still mean
+    horovodrun: nothing bootstrapped."""
+    monkeypatch.setattr(bs, "_SET", [])
+    ports = iter([5001, 5002])
+    monkeypatch.setattr(bs, "start_rendezvous", lambda slots: next(ports))
+    stores, envs = {1: FakeStore(), 2: FakeStore()}, {}  # one per generation, as tcp_store's prefixes
+
+    def rank(r, generation):
+        env = envs.setdefault(r, {"RANK": str(r), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"})
+        bs.init(lambda **k: None, lambda: 2, lambda: False, environ=env,
+                make_store=lambda la: stores[generation])
+
+    for generation in (1, 2):
+        threads = [threading.Thread(target=rank, args=(r, generation)) for r in (1, 0)]
+        [t.start() for t in threads]
+        [t.join(20) for t in threads]
+        assert [envs[r]["HOROVOD_GLOO_RENDEZVOUS_PORT"] for r in (0, 1)] == [str(5000 + generation)] * 2
+    assert [envs[r]["HOROVOD_RANK"] for r in (0, 1)] == ["0", "1"]
+    horovodrun = {"HOROVOD_RANK": "0", "HOROVOD_SIZE": "2", "HOROVOD_GLOO_RENDEZVOUS_ADDR": "h"}
+    bs.init(lambda **k: None, lambda: 2, lambda: False, environ=dict(horovodrun),
+            make_store=lambda la: pytest.fail("bootstrapped under horovodrun"))

@@ -2,14 +2,18 @@
 
     python ray_train.py ADDRESS OUT_DIR
 
-Waits for two alive Ray nodes, then fits a TorchTrainer (gloo process group, 1 CPU per worker)
+Checks that two Ray nodes are alive (the test starts the driver once both `ray start` said so),
+then fits a TorchTrainer (gloo process group, 1 CPU per worker)
 whose training function runs, in each worker, hvdp's checks under torchrun
 (workers/torchrun_checks.py: hvd.init() bootstraps Horovod's Gloo controller from the variables
 Ray Train sets; int8 step within bound; five losses) and then examples/torch_digits.py with
 int8 (rank 0 writes its accuracy to OUT_DIR/digits.json). Each worker writes what it printed to
 OUT_DIR/rank<R>.log and its Ray node id to OUT_DIR/node<R>.txt. Prints 'RAY_FIT_S <seconds>'.
+A fatal signal prints every thread's Python stack (faulthandler, all threads; Ray's own
+``faulthandler.enable`` leaves an enabled one as it is).
 """
 import contextlib
+import faulthandler
 import io
 import os
 import runpy
@@ -42,8 +46,9 @@ def train(config):
 
 
 def main(address, out):
+    faulthandler.enable(all_threads=True)
     ray.init(address=address, log_to_driver=True)
-    deadline = time.monotonic() + 180
+    deadline = time.monotonic() + 30
     while sum(n["Alive"] for n in ray.nodes()) < 2:
         if time.monotonic() > deadline:
             raise SystemExit(f"the Ray cluster at {address} has fewer than 2 alive nodes: {ray.nodes()}")
