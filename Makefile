@@ -90,21 +90,64 @@ gpu-check:
 	cd /tmp && $(GPU_PYTHON) -m hvdp install-horovod --gpu --cache-dir $(HVDP_CACHE)/wheels
 	cd /tmp && $(GPU_PYTHON) $(CURDIR)/examples/gpu_check.py
 
-# Horovod and hvdp's torch checks against a newer torch than the pin: a fresh venv with
-# COMPAT_TORCH (2.14.1: a CUDA 13 build that runs on CPU), Horovod from install-horovod --cpu
-# (C++20 for torch >= 2.14), then the torch parallel checks over Gloo and MPI in that venv.
+# The compatibility matrix: each row a fresh venv under $(HVDP_CACHE)/envs, Horovod from
+# `install-horovod --cpu` (built once per row, then from the wheel cache), then hvdp's checks
+# there. Rows: torch COMPAT_TORCH (Python 3 on PATH, the torch parallel checks), and each Python
+# of COMPAT_PYTHONS with TensorFlow only (the Keras checks on the TF backend; torch for those
+# interpreters would be a multi-GB CUDA download). Every row runs even when one fails; a summary
+# (row, result, seconds) ends the run and a failed row fails `make compat`. COMPAT_INSTALL_FLAGS:
+# more install-horovod options (--force for a framework outside the recipe's tested range).
+COMPAT_PYTHONS ?= 3.12 3.13
+COMPAT_INSTALL_FLAGS ?=
+COMPAT_ROWS    := compat-torch $(COMPAT_PYTHONS:%=compat-py%)
+.PHONY: $(COMPAT_ROWS)
+compat: setup
+	@fail=0; summary=""; for row in $(COMPAT_ROWS); do t0=$$(date +%s); \
+	    if $(MAKE) --no-print-directory $$row; then r=passed; else r=FAILED; fail=1; fi; \
+	    summary+="$$(printf '  %-16s %-7s %5d s' $$row $$r $$(( $$(date +%s) - t0 )))"$$'\n'; done; \
+	    printf 'make compat:\n%s' "$$summary"; exit $$fail
+
+# torch COMPAT_TORCH (2.14.1: a CUDA 13 build that runs on CPU) with Horovod built at C++20, then
+# the torch parallel checks over Gloo and MPI in that venv.
 COMPAT_TORCH ?= 2.14.1
 COMPAT_ENV   := $(HVDP_CACHE)/envs/compat-torch$(COMPAT_TORCH)
-compat: setup
+compat-torch: setup
 	@test -x $(COMPAT_ENV)/bin/python || python3 -m venv $(COMPAT_ENV)
 	$(COMPAT_ENV)/bin/pip install --quiet "torch==$(COMPAT_TORCH)" numpy pytest pytest-timeout \
 	    2>&1 | { grep -v '^WARNING: Location' || true; }
 	$(COMPAT_ENV)/bin/pip install --quiet --no-deps --no-build-isolation $(CURDIR)
 	cd /tmp && timeout 3600 $(COMPAT_ENV)/bin/python -m hvdp install-horovod --cpu \
-	    --cache-dir $(HVDP_CACHE)/wheels
+	    --cache-dir $(HVDP_CACHE)/wheels $(COMPAT_INSTALL_FLAGS)
 	cd /tmp && $(COMPAT_ENV)/bin/python -c 'import torch, horovod, hvdp; \
 	    print("compat: torch", torch.__version__, "| horovod", horovod.__version__, "| hvdp from", hvdp.__file__)'
 	$(COMPAT_ENV)/bin/python -m pytest -q -p no:cacheprovider tests/parallel/test_torch_parallel.py
+
+# Python X.Y with tensorflow-cpu (the pin of requirements/deps.txt) and no torch: Horovod for TF,
+# then the Keras checks on the TF backend (the adapter without processes, and the horovodrun -np 2
+# jobs over Gloo and MPI). The interpreter: COMPAT_PYTHON_X.Y if set, else python X.Y on PATH if
+# it runs, else the newest pyenv X.Y.*. pytest runs from /tmp so that `import hvdp` (also in the
+# tests' `python -c` subprocesses) is the copy installed in the venv, not the checkout's tree.
+COMPAT_TF    ?= $(shell sed -n 's/^tensorflow-cpu==\([^ ]*\).*/\1/p' requirements/deps.txt)
+COMPAT_NUMPY := $(shell sed -n 's/^\(numpy[<>=!~][^ ]*\).*/\1/p' requirements/deps.txt)
+compat_python = $(or $(COMPAT_PYTHON_$(1)),$(shell for p in python$(1) \
+    $$(ls -d $${PYENV_ROOT:-$$HOME/.pyenv}/versions/$(1).*/bin/python$(1) 2>/dev/null | sort -rV); \
+    do "$$p" -c '' 2>/dev/null && { command -v "$$p"; break; }; done))
+$(COMPAT_PYTHONS:%=compat-py%): compat-py%: setup
+	@test -n "$(call compat_python,$*)" || { echo "make $@: no Python $* here (python$* on PATH," \
+	    "pyenv's $*.*); install one, or set COMPAT_PYTHON_$*=/path/to/python$*" >&2; exit 1; }
+	@test -x $(HVDP_CACHE)/envs/$@/bin/python || $(call compat_python,$*) -m venv $(HVDP_CACHE)/envs/$@
+	$(HVDP_CACHE)/envs/$@/bin/pip install --quiet "tensorflow-cpu==$(COMPAT_TF)" "$(COMPAT_NUMPY)" \
+	    scikit-learn pytest pytest-timeout 2>&1 | { grep -v '^WARNING: Location' || true; }
+	$(HVDP_CACHE)/envs/$@/bin/pip install --quiet --no-deps --no-build-isolation $(CURDIR)
+	cd /tmp && timeout 3600 $(HVDP_CACHE)/envs/$@/bin/python -m hvdp install-horovod --cpu \
+	    --cache-dir $(HVDP_CACHE)/wheels $(COMPAT_INSTALL_FLAGS)
+	cd /tmp && TF_CPP_MIN_LOG_LEVEL=3 $(HVDP_CACHE)/envs/$@/bin/python -c 'import sys, tensorflow as tf, \
+	    keras, horovod, hvdp; print("$@: Python", sys.version.split()[0], "| tensorflow", tf.__version__, \
+	    "| keras", keras.__version__, "| horovod", horovod.__version__, "| hvdp from", hvdp.__file__)'
+	cd /tmp && $(HVDP_CACHE)/envs/$@/bin/python -m pytest -q -p no:cacheprovider -k 'not torch' \
+	    $(CURDIR)/tests/unit/test_keras_adapter.py
+	cd /tmp && $(HVDP_CACHE)/envs/$@/bin/python -m pytest -q -p no:cacheprovider -k tensorflow \
+	    $(CURDIR)/tests/parallel/test_keras_parallel.py
 
 # Multi-host launch over real SSH between two loopback host names (root: sshd, /etc/hosts).
 # openssh-server is installed here rather than by `make setup`: on a machine with an init

@@ -29,8 +29,10 @@ RUNTIME_REQUIREMENTS = ("cloudpickle", "psutil", "pyyaml", "packaging", "cffi>=1
 
 
 # Horovod's setup.py runs without build isolation in the target environment; setuptools older
-# than 66.1 fails there on Python >= 3.12 (pkgutil.ImpImporter is gone), and 81 drops what
-# Horovod's setup.py still imports.
+# than 66.1 fails there on Python >= 3.12 (pkgutil.ImpImporter is gone; seen with 65.5.0). The
+# upper bound is the development set-up's pin, not a known failure: 84.2.1 (which TF and torch
+# pull in) built Horovod here on Python 3.11 (torch 2.14.1), 3.12 and 3.13 (TF 2.21), and 80.10.2
+# passes its egg_info on 3.12 (`make compat`, docs/install-horovod.md).
 SETUPTOOLS = "setuptools>=66.1,<81"
 
 
