@@ -167,15 +167,8 @@ ray-check: setup
 	$(PY) -m pytest -q -rs -s tests/parallel/test_ray.py
 
 # Spark's TorchDistributor (local mode, 2 processes, int8) against horovodrun
-# (tests/parallel/test_spark.py; about 1.5 min). Not part of `make setup` (pyspark ~320 MB and a
-# JVM): this target installs pyspark into the .venv and, as root, Debian's default-jre-headless.
+# (tests/parallel/test_spark.py, also part of `make test`; about 1.5 min), alone. `make setup`
+# installs pyspark and, as root, Java where none is.
 .PHONY: spark-check
-PYSPARK_VERSION ?= 4.3.0
 spark-check: setup
-	@command -v java >/dev/null || { test "$$(id -u)" -eq 0 \
-	    || { echo "make spark-check: needs Java; as root: apt-get install default-jre-headless" >&2; exit 1; }; \
-	    DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
-	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends default-jre-headless >/dev/null; }
-	@$(PY) -c 'import pyspark' 2>/dev/null || $(PY) -m pip install --quiet "pyspark==$(PYSPARK_VERSION)" \
-	    2>&1 | { grep -v '^WARNING: Location' || true; }
 	$(PY) -m pytest -q -rs -s tests/parallel/test_spark.py
