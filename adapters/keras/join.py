@@ -58,12 +58,16 @@ def join(extra_variables=(), optimizers=None) -> int:
     Returns:
         the rank that joined last.
     """
+    gc.collect()  # an optimizer dropped earlier should not refuse or be broadcast below
     _refuse_unless_ready()
     last = B.horovod_join()
-    if optimizers is None:
-        # Which earlier optimizers are still alive must not depend on when each rank's garbage
-        # collector ran (a difference is a mismatched broadcast): collect now, on every rank.
-        gc.collect()
+    chosen = optimizers
+    outers = OUTER.alive()
+    if B.hvd.size() > 1:  # only those alive on every rank: no broadcast on some ranks only
+        outers = OUTER.alive_on_every_rank(B.hvd.allgather_object, "hvdp.join.outer")
+        if optimizers is None:
+            optimizers = OPTIMIZERS.alive_on_every_rank(B.hvd.allgather_object, "hvdp.join.alive")
+    elif optimizers is None:
         optimizers = OPTIMIZERS.alive()
     seen, variables = set(), []
     for opt in optimizers:
@@ -80,8 +84,8 @@ def join(extra_variables=(), optimizers=None) -> int:
             variables.append(v)
     if variables and B.hvd.size() > 1:
         broadcast_variables(variables, root_rank=last)
-    for opt in OUTER.alive():  # hvd.OuterOptimizer: the last rank's parameters and outer state
-        if optimizers is None or any(opt is o for o in optimizers):
+    for opt in outers:  # hvd.OuterOptimizer: the last rank's parameters and outer state
+        if chosen is None or any(opt is o for o in chosen):
             outer_of(opt).sync_from(last)
     return last
 

@@ -102,9 +102,7 @@ def join(device: int = -1) -> int:
     Returns:
         the rank that joined last.
     """
-    # Which earlier optimizers are still alive must not depend on when each rank's garbage
-    # collector ran (a difference is a mismatched broadcast after the join: a hang): collect now
-    gc.collect()
+    gc.collect()  # an optimizer dropped earlier should not refuse or be synced below
     opts, outers = OPTIMIZERS.alive(), OUTER.alive()
     for opt in opts:
         why = opt.engine.join_refusal("torch")
@@ -118,6 +116,9 @@ def join(device: int = -1) -> int:
         device = next((p.device.index for o in opts for g in o.param_groups for p in g["params"]
                        if p.device.type == "cuda"), -1)
     last = int(_hvd.join(device))
+    if _hvd.size() > 1:  # only those alive on every rank: no broadcast on some ranks only
+        opts = OPTIMIZERS.alive_on_every_rank(_hvd.allgather_object, "hvdp.join.alive")
+        outers = OUTER.alive_on_every_rank(_hvd.allgather_object, "hvdp.join.outer")
     for opt in opts:  # Horovod's join is global: a process set's ranks are not these ranks
         comm = opt.engine.comm
         if comm.size > 1 and comm.process_set.process_set_id == 0:

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass
-from typing import Any, Callable, List
+from typing import Any, Callable, List, Tuple
 
 from ..codecs.base import get
 from .collectives import AVERAGE, allreduce_recorded
@@ -190,10 +190,26 @@ class Registry:
     every rank); held weakly, so a dropped optimizer drops out."""
 
     def __init__(self):
-        self._refs: List[weakref.ref] = []
+        self._refs: List[Tuple[int, weakref.ref]] = []
+        self._made = 0
 
     def add(self, obj) -> None:
-        self._refs = [r for r in self._refs if r() is not None] + [weakref.ref(obj)]
+        self._refs = [(n, r) for n, r in self._refs if r() is not None] + [(self._made, weakref.ref(obj))]
+        self._made += 1
+
+    def _numbered(self) -> list:
+        return [(n, o) for n, o in ((n, r()) for n, r in self._refs) if o is not None]
 
     def alive(self) -> list:
-        return [o for o in (r() for r in self._refs) if o is not None]
+        return [o for _, o in self._numbered()]
+
+    def alive_on_every_rank(self, allgather_object, name: str) -> list:
+        """The optimizers alive on every rank (a collective: call it on all ranks, after the
+        join). A dropped optimizer can stay alive on one rank and not on another (a framework
+        cache may hold it until some later collection); broadcasting its variables on some
+        ranks only would be a mismatched collective. Optimizers are told apart by their creation
+        number, the same on every rank of one script."""
+        mine = self._numbered()
+        every = allgather_object([n for n, _ in mine], name=name)
+        common = set(every[0]).intersection(*every[1:])
+        return [o for n, o in mine if n in common]

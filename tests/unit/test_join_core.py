@@ -177,3 +177,28 @@ def test_registry_is_weak_and_ordered():
     del a
     gc.collect()
     assert reg.alive() == [b]
+
+
+def test_registry_keeps_only_what_every_rank_still_holds():
+    # rank 1 still holds its first optimizer (a framework cache kept it); rank 0 dropped it: the
+    # join must not broadcast it on rank 1 only (a mismatched collective)
+    class Obj:
+        pass
+    regs = [Registry(), Registry()]
+    held = [[Obj(), Obj(), Obj()], [Obj(), Obj(), Obj()]]
+    for reg, objs in zip(regs, held):
+        for o in objs:
+            reg.add(o)
+    held[0][0] = None
+    gc.collect()
+    lists = [[n for n, _ in reg._numbered()] for reg in regs]
+    assert lists == [[1, 2], [0, 1, 2]]
+    seen = []
+
+    def allgather(obj, name):
+        seen.append(name)
+        return lists
+
+    assert regs[0].alive_on_every_rank(allgather, "x") == held[0][1:]
+    assert regs[1].alive_on_every_rank(allgather, "x") == held[1][1:]
+    assert seen == ["x", "x"]
