@@ -61,6 +61,14 @@ bench: setup
 clean:
 	rm -rf $(VENV) build *.egg-info
 
+# The long kill loop (issue 37): 20 SIGKILLs of random workers in one elastic job, hvdp.torch int8
+# (writing checkpoints) and hvdp.keras int4, each beside the same job without kills; about 25 min.
+# `make test` runs 5 kills of each (tests/parallel/test_kill_loop.py).
+.PHONY: kill-loop
+kill-loop: setup
+	$(PY) tests/parallel/kill_loop.py --kills 20 --compression int8 --checkpoint-every 7
+	$(PY) tests/parallel/kill_loop.py --kills 20 --compression int4 --script keras_elastic.py
+
 # --- Clusters and other environments; none of these targets is part of `make test` ---------------
 .PHONY: nccl-build gpu-check compat rehearsal
 HVDP_CACHE  := $(or $(HVDP_CACHE_DIR),$(HOME)/.cache/hvdp)

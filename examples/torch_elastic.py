@@ -14,6 +14,8 @@ instead of a gradient exchange every step; every commit carries the outer state,
 reset every worker restarts from the global parameters. The model evaluated at the end is the
 global one. ``--die-at N`` (tests): the worker on ``--die-host`` kills itself (SIGKILL) right
 after committing step N, so the failure falls at a chosen point of the interval.
+``--checkpoint PATH``: also ``hvd.save_checkpoint`` every ``--checkpoint-every`` commits (the kill
+loop, tests/parallel/kill_loop.py, kills workers while it writes).
 """
 import argparse
 import os
@@ -39,6 +41,8 @@ def main():
     p.add_argument("--outer-every", type=int, default=0, help="H: outer steps every H inner steps (0: off)")
     p.add_argument("--die-at", type=int, default=0, help="commit after which the worker on --die-host dies")
     p.add_argument("--die-host", default="127.0.0.1")
+    p.add_argument("--checkpoint", help="hvd.save_checkpoint to this path every --checkpoint-every commits")
+    p.add_argument("--checkpoint-every", type=int, default=10)
     args = p.parse_args()
     dies = args.die_at and os.environ.get("HOROVOD_HOSTNAME") == args.die_host
 
@@ -86,6 +90,8 @@ def main():
                 opt.step()
                 block = hvd.allgather_object((idx, loss_sum))  # this step's global sample ids
                 end_step(state, block, hvd.size(), log, args.step_sleep, outer_record())
+                if args.checkpoint and state.commits % args.checkpoint_every == 0:
+                    hvd.save_checkpoint(args.checkpoint, model, opt, commits=state.commits)
                 if dies and state.commits == args.die_at:
                     os.kill(os.getpid(), signal.SIGKILL)
             state.epoch += 1

@@ -1,0 +1,62 @@
+"""The kill loop (tests/parallel/kill_loop.py) in short: 5 SIGKILLs of random workers at random
+moments in one elastic job, int8 with hvdp.torch (writing checkpoints as it goes) and int4 with
+hvdp.keras; ``make kill-loop`` runs the long one (20 kills)."""
+import os
+
+import pytest
+
+import kill_loop as kl
+
+pytestmark = pytest.mark.parallel
+
+NUM_TRAIN = kl.NUM_TRAIN
+KILLS = 5
+
+
+def check_run(res, epochs):
+    assert res["rc"] == 0, f"after {len(res['kills'])} kills:\n" + res["out"][-4000:]
+    assert len(res["kills"]) == KILLS, f"only {len(res['kills'])} of {KILLS} kills fell inside the job"
+    steps, finals, superseded = kl.audit_chain(res["log_dir"], NUM_TRAIN, epochs)
+    sizes = [s["size"] for s in steps]
+    assert sizes.count(2) > 0 and sizes[-1] in (2, 3), sizes  # trained on through the kills
+    assert all(k["recovery"] is not None for k in res["kills"]), res["kills"]
+    print("\n" + kl.summary(res) + f"\n{len(steps)} committed steps, {superseded} superseded records, "
+          f"test loss {finals[0].get('test_loss')}, accuracy {finals[0]['test_accuracy']:.4f}")
+    return finals[0]
+
+
+def test_kill_loop_torch_int8_with_checkpoints(tmp_path):
+    hosts, why = kl.three_hosts()
+    if hosts is None:
+        pytest.skip(why)
+    epochs = 9
+    ckpt = str(tmp_path / "ckpt.pt")
+    extra = ["--checkpoint", ckpt, "--checkpoint-every", "7"]
+    ref = kl.run(str(tmp_path / "reference"), 0, epochs=epochs, timeout=300)
+    assert ref["rc"] == 0, ref["out"][-4000:]
+    _, ref_finals, _ = kl.audit_chain(ref["log_dir"], NUM_TRAIN, epochs)
+    res = kl.run(str(tmp_path / "kills"), KILLS, seed=1, epochs=epochs, timeout=500, extra=extra)
+    final = check_run(res, epochs)
+    # within noise of the run without kills (lr follows the number of workers, so not equal)
+    ref_loss = ref_finals[0]["test_loss"]
+    print(f"without kills: test loss {ref_loss:.4f}, accuracy {ref_finals[0]['test_accuracy']:.4f}")
+    assert final["test_loss"] <= 1.5 * ref_loss + 0.02, (final["test_loss"], ref_loss)
+    assert final["test_accuracy"] >= ref_finals[0]["test_accuracy"] - 0.03
+    # the last checkpoint written is whole and loads; it is one of the committed steps
+    import torch
+    saved = torch.load(ckpt, weights_only=True)
+    assert saved["extra"]["commits"] % 7 == 0 and saved["model"].keys()
+    # a rank 0 killed while writing leaves its temporary file (.ckpt.pt.*.tmp), never a torn ckpt.pt
+    left = [f for f in os.listdir(tmp_path) if f.startswith(".ckpt.pt.")]
+    print(f"checkpoint: last saved at commit {saved['extra']['commits']}, {len(left)} temporary files left")
+
+
+def test_kill_loop_keras_int4(tmp_path):
+    hosts, why = kl.three_hosts()
+    if hosts is None:
+        pytest.skip(why)
+    epochs = 9
+    res = kl.run(str(tmp_path / "kills"), KILLS, seed=2, compression="int4", script="keras_elastic.py",
+                 epochs=epochs, timeout=600)
+    final = check_run(res, epochs)
+    assert final["test_accuracy"] >= 0.9, final
