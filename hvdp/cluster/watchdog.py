@@ -1,9 +1,8 @@
 """A deadline on collectives: a stalled rank ends the job with a clear error.
 
-Horovod's stall inspector shuts a job down when one rank stops submitting tensors, but only over
-MPI, and only when ``HOROVOD_STALL_SHUTDOWN_TIME_SECONDS`` is set (over Gloo, in 0.28.1, it never
-fires): a rank stuck in a long evaluation, a dead data loader or a deadlock in user code leaves
-every other rank waiting forever. hvdp's watchdog is a thread in each process that knows when
+Horovod's stall inspector shuts a job down only over MPI and only when
+``HOROVOD_STALL_SHUTDOWN_TIME_SECONDS`` is set (over Gloo, in 0.28.1, never): a rank stuck in
+user code leaves every other rank waiting forever. hvdp's watchdog is a thread in each process that knows when
 this process waits in a collective: hvdp's own (the adapters wrap each wait in
 :meth:`StallWatchdog.waiting`; waits inside TensorFlow's executor are counts it polls,
 :meth:`StallWatchdog.poll`), and Horovod's module collectives that user code calls through
@@ -15,17 +14,16 @@ collective, reports that as this rank's failure and shuts Horovod down: the wait
 collectives fail at once, each with the watchdog's message, and a stalled rank that comes back
 finds Horovod down and is told why by the board.
 
-``HVDP_STALL_TIMEOUT_SECONDS`` sets the deadline (default 600; 0 turns the watchdog off). A
-rank that waits longer than that for a legitimate reason (an evaluation on one rank only) should
-raise it. Without a board (``HVDP_FAILURE_BOARD=0``, MPI across hosts) the job still ends, but
-the message cannot name the missing ranks.
+``HVDP_STALL_TIMEOUT_SECONDS``: the deadline (default 600; 0: off; raise it where a rank waits
+longer for a reason). Without a board (``HVDP_FAILURE_BOARD=0``, MPI across hosts) the job still
+ends, but the message cannot name the missing ranks.
 
 Example::
 
     dog = StallWatchdog(timeout_s=600, get_rank=hvd.rank, get_size=hvd.size,
                         reporter=REPORTER, shutdown=hvd.shutdown)
     with dog.waiting("gradient reduction of optimizer 0"):
-        hvd.synchronize(handle)        # a stall past 600 s raises StallError
+        hvd.synchronize(handle)        # past 600 s: StallError
 """
 from __future__ import annotations
 
@@ -90,8 +88,7 @@ class StallWatchdog:
     Args:
         timeout_s: the deadline of one wait; 0: off. None: from ``HVDP_STALL_TIMEOUT_SECONDS``.
         get_rank, get_size: this rank and the job's size (read while Horovod is up).
-        reporter: the process's ``hvdp.cluster.failures.FailureReporter`` (its board carries the notes,
-            and the watchdog's error is reported through it).
+        reporter: the process's ``hvdp.cluster.failures.FailureReporter`` (its board, the notes).
         shutdown: shuts Horovod down, so that every waiting collective fails.
         clock: monotonic seconds (tests pass a fake one and call :meth:`check` themselves).
     """
@@ -184,10 +181,9 @@ class StallWatchdog:
     def poll(self, name: str, read: Callable[[], Tuple[int, int, Sequence[object]]]) -> None:
         """Waits that no Python call brackets (collectives inside TensorFlow's executor):
         ``read() -> (begun, ended, calls)``: how many such waits began and ended so far, and
-        objects that stand for the calls now in progress (compared by identity). A wait is the
-        time ``begun`` stays ahead of ``ended`` while one same call stays in progress: a failed
-        step's count never ends: once its call has returned, what it left ahead is the new baseline
-        (a later call, however long, waits only if it begins a wait of its own)."""
+        objects that stand for the calls now in progress (compared by identity). A wait: ``begun``
+        ahead of ``ended`` while one same call stays in progress (what a returned call left ahead,
+        a failed step's count, is the new baseline)."""
         if self.timeout_s <= 0:
             return
         self._polled = (name, read)
