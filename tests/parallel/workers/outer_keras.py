@@ -120,43 +120,51 @@ def check_join():
     assert all(np.isfinite(w).all() for w in model.get_weights())
 
 
+def resume_and_compare(make, at, until, tag, lost_what):
+    """Train ``make()``'s model for steps 0..``at``, hvd.save_checkpoint, go on to ``until``; a
+    fresh ``make()`` loaded with hvd.load_checkpoint and trained ``at``..``until`` must give the
+    same bits; one given the weights alone (the outer state lost) must not. -> the resumed model."""
+    import os
+    import tempfile
+    x, y = my_data()
+
+    def steps(model, first, last):
+        sl = slice(first * PER_WORKER, last * PER_WORKER)
+        model.fit(x[sl], y[sl], batch_size=PER_WORKER, epochs=1, shuffle=False, verbose=0)
+
+    folder = hvd.broadcast_object(tempfile.mkdtemp(prefix=f"hvdp-outer-{tag}-") if hvd.rank() == 0 else None,
+                                  name=f"outer.ckpt.{tag}.dir")
+    path = os.path.join(folder, f"{tag}.keras")
+    model = make()
+    steps(model, 0, at)
+    hvd.save_checkpoint(path, model, step=at)
+    steps(model, at, until)
+    resumed = make()
+    _, extra = hvd.load_checkpoint(path, resumed)
+    assert extra == {"step": at}, extra
+    steps(resumed, at, until)
+    for a, b in zip(model.get_weights(), resumed.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    lost = make()
+    lost.load_weights(path)
+    steps(lost, at, until)
+    assert any(not np.array_equal(a, b) for a, b in zip(model.get_weights(), lost.get_weights())), \
+        f"without {lost_what} the run is the same: the check cannot see it"
+    return resumed
+
+
 def check_checkpoint():
     """hvd.save_checkpoint after step 8 (a sync of H = 4; DiLoCo's outer momentum, int8
     residuals), hvd.load_checkpoint into a fresh model compiled with the same OuterOptimizer:
     4 more steps give the uninterrupted run's bits (the inner SGD has no state of its own); the
     weights alone (outer state lost) give other bits."""
-    import os
-    import tempfile
-    x, y = my_data()
-
     def make():
         model = make_model()
         model.compile(optimizer=hvd.OuterOptimizer(keras.optimizers.SGD(0.05), sync_every=4, compression="int8",
                                                    policy=hvd.CompressionPolicy(min_elements=1)), loss=LOSS)
         return model
 
-    def steps(model, first, last):
-        sl = slice(first * PER_WORKER, last * PER_WORKER)
-        model.fit(x[sl], y[sl], batch_size=PER_WORKER, epochs=1, shuffle=False, verbose=0)
-
-    folder = hvd.broadcast_object(tempfile.mkdtemp(prefix="hvdp-outer-") if hvd.rank() == 0 else None,
-                                  name="outer.ckpt.dir")
-    path = os.path.join(folder, "outer.keras")
-    model = make()
-    steps(model, 0, 8)
-    hvd.save_checkpoint(path, model, step=8)
-    steps(model, 8, 12)
-    resumed = make()
-    _, extra = hvd.load_checkpoint(path, resumed)
-    assert extra == {"step": 8}, extra
-    steps(resumed, 8, 12)
-    for a, b in zip(model.get_weights(), resumed.get_weights()):
-        np.testing.assert_array_equal(a, b)
-    lost = make()
-    lost.load_weights(path)
-    steps(lost, 8, 12)
-    assert any(not np.array_equal(a, b) for a, b in zip(model.get_weights(), lost.get_weights())), \
-        "without the outer state the run is the same: the check cannot see it"
+    resumed = resume_and_compare(make, 8, 12, "ckpt", "the outer state")
     assert_ranks_identical(resumed, "ckpt")
 
 
@@ -315,38 +323,14 @@ def check_checkpoint_warmup():
     warms up one step more and then follows the uninterrupted run's bits to step 10 (each rank
     its own: 3 steps after the sync at step 7); the weights alone (the warm-up count lost: 3
     warm-up steps again) give other bits."""
-    import os
-    import tempfile
-    x, y = my_data()
-
     def make():
         model = make_model()
         model.compile(optimizer=warmup_optimizer(), loss=LOSS)
         return model
 
-    def steps(model, first, last):
-        sl = slice(first * PER_WORKER, last * PER_WORKER)
-        model.fit(x[sl], y[sl], batch_size=PER_WORKER, epochs=1, shuffle=False, verbose=0)
-
-    folder = hvd.broadcast_object(tempfile.mkdtemp(prefix="hvdp-outer-warm-") if hvd.rank() == 0 else None,
-                                  name="outer.ckpt.warm.dir")
-    path = os.path.join(folder, "warm.keras")
-    model = make()
-    steps(model, 0, 2)
-    hvd.save_checkpoint(path, model, step=2)
-    steps(model, 2, 10)
-    resumed = make()
-    hvd.load_checkpoint(path, resumed)
-    steps(resumed, 2, 10)
+    resumed = resume_and_compare(make, 2, 10, "warm", "the warm-up count")
     loop = outer_of(resumed.optimizer).loop
     assert (loop.warm, loop.step) == (W, 10 - W), (loop.warm, loop.step)
-    for a, b in zip(model.get_weights(), resumed.get_weights()):
-        np.testing.assert_array_equal(a, b)
-    lost = make()
-    lost.load_weights(path)
-    steps(lost, 2, 10)
-    assert any(not np.array_equal(a, b) for a, b in zip(model.get_weights(), lost.get_weights())), \
-        "without the warm-up count the run is the same: the check cannot see it"
 
 
 def check_refusals():
