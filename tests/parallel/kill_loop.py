@@ -30,6 +30,10 @@ import elastic_harness as eh  # noqa: E402
 
 NUM_TRAIN = 1347  # digits: 1797 samples, 25% held out (examples/torch_digits.load_data)
 COOLDOWN = ("1", "4")  # seconds: Horovod's cooldown is lower * 2**count (+ jitter), capped
+# Horovod 0.28.1 under repeated kills (seen in this loop, not fixed here): a survivor's Gloo transport
+# thread or a restarted worker's rendezvous throws outside any handler and the process aborts;
+# after such aborts horovodrun's elastic driver once hung with no worker left (docs/correctness.md)
+HOROVOD_ABORT = "terminate called after throwing an instance of 'gloo::"
 
 
 def three_hosts():
@@ -136,6 +140,7 @@ def run(work, kills, seed=0, compression="int8", script="torch_elastic.py", env_
     flight_dir = os.path.join(work, "flight")
     env.update(env_extra or {}, HVDP_FLIGHT_DIR=flight_dir)
     cmd = ["horovodrun", "-np", "3", "--min-np", "2", "--max-np", "3", "--host-discovery-script", disc,
+           "--log-level", os.environ.get("HVDP_KILL_LOOP_LOG_LEVEL", "WARNING"),
            "--elastic-timeout", "120", "--blacklist-cooldown-range", *COOLDOWN, "--gloo",
            "--network-interface", "lo", sys.executable, os.path.join(eh.ROOT, "examples", script),
            "--epochs", str(epochs), "--log-dir", log_dir, "--step-sleep", str(step_sleep),
@@ -145,12 +150,12 @@ def run(work, kills, seed=0, compression="int8", script="torch_elastic.py", env_
     with open(out_path, "w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=eh.ROOT,
                                 start_new_session=True)
-        deadline, next_at = time.time() + timeout, None
+        deadline, next_at, hang = time.time() + timeout, None, False
         try:
             while proc.poll() is None:
-                if time.time() > deadline:
-                    raise TimeoutError(f"kill loop: job still running after {timeout}s (a hang); "
-                                       f"{len(done_kills)} kills done; output in {out_path}")
+                if time.time() > deadline:  # a hang: reported in the result, the job killed below
+                    hang = True
+                    break
                 records, _ = eh.read_records(log_dir)
                 last = max(records, key=lambda r: r["t"], default=None)
                 done = last["commit"] if last else 0
@@ -177,7 +182,8 @@ def run(work, kills, seed=0, compression="int8", script="torch_elastic.py", env_
                 proc.wait()
     with open(out_path) as f:
         text = f.read()
-    result = {"rc": proc.returncode, "kills": done_kills, "out": text, "log_dir": log_dir}
+    result = {"rc": None if hang else proc.returncode, "hang": hang, "kills": done_kills, "out": text,
+              "log_dir": log_dir, "horovod_abort": HOROVOD_ABORT in text}
     records, _ = eh.read_records(log_dir)
     for k in done_kills:  # recovery: the kill -> the survivors' first step after the reset
         after = [r["t"] for r in records if r["t"] > k["t"] and r["size"] < 3]
@@ -222,7 +228,8 @@ def main():
     print(summary(res))
     if res["rc"] != 0 or len(res["kills"]) < args.kills:
         print(res["out"][-4000:])
-        print(f"FAILED: the job ended with {res['rc']} after {len(res['kills'])} of {args.kills} kills "
+        print(f"FAILED: the job ended with {res['rc']} (hang: {res['hang']}, Horovod's C++ abort: "
+              f"{res['horovod_abort']}) after {len(res['kills'])} of {args.kills} kills "
               f"(fewer kills: the job ended first; give more --epochs)")
         sys.exit(1)
     steps, finals, superseded = audit_chain(res["log_dir"], NUM_TRAIN, epochs)

@@ -13,8 +13,20 @@ NUM_TRAIN = kl.NUM_TRAIN
 KILLS = 5
 
 
+def run_with_retry(work, **kw):
+    """One run; a second (another seed, a fresh directory) only where the first ended in Horovod's
+    own C++ abort (kill_loop.HOROVOD_ABORT: not hvdp's to fix, docs/correctness.md); any other
+    failure, or that one twice, fails the test."""
+    res = kl.run(str(work / "kills"), KILLS, **kw)
+    if res["rc"] != 0 and res["horovod_abort"]:
+        print(f"\nfirst run: Horovod's C++ abort after {len(res['kills'])} kills (hang: {res['hang']}); "
+              "one more run")
+        res = kl.run(str(work / "kills-again"), KILLS, **dict(kw, seed=kw["seed"] + 100))
+    return res
+
+
 def check_run(res, epochs):
-    assert res["rc"] == 0, f"after {len(res['kills'])} kills:\n" + res["out"][-4000:]
+    assert res["rc"] == 0, f"after {len(res['kills'])} kills (hang: {res['hang']}):\n" + res["out"][-4000:]
     assert len(res["kills"]) == KILLS, f"only {len(res['kills'])} of {KILLS} kills fell inside the job"
     steps, finals, superseded = kl.audit_chain(res["log_dir"], NUM_TRAIN, epochs)
     sizes = [s["size"] for s in steps]
@@ -35,7 +47,7 @@ def test_kill_loop_torch_int8_with_checkpoints(tmp_path):
     ref = kl.run(str(tmp_path / "reference"), 0, epochs=epochs, timeout=300)
     assert ref["rc"] == 0, ref["out"][-4000:]
     _, ref_finals, _ = kl.audit_chain(ref["log_dir"], NUM_TRAIN, epochs)
-    res = kl.run(str(tmp_path / "kills"), KILLS, seed=1, epochs=epochs, timeout=500, extra=extra)
+    res = run_with_retry(tmp_path, seed=1, epochs=epochs, timeout=300, extra=extra)
     final = check_run(res, epochs)
     # within noise of the run without kills (lr follows the number of workers, so not equal)
     ref_loss = ref_finals[0]["test_loss"]
@@ -56,7 +68,7 @@ def test_kill_loop_keras_int4(tmp_path):
     if hosts is None:
         pytest.skip(why)
     epochs = 9
-    res = kl.run(str(tmp_path / "kills"), KILLS, seed=2, compression="int4", script="keras_elastic.py",
-                 epochs=epochs, timeout=600)
+    res = run_with_retry(tmp_path, seed=2, compression="int4", script="keras_elastic.py", epochs=epochs,
+                         timeout=400)
     final = check_run(res, epochs)
     assert final["test_accuracy"] >= 0.9, final
