@@ -61,6 +61,14 @@ bench: setup
 clean:
 	rm -rf $(VENV) build *.egg-info
 
+# A bad network on the two-node cluster (root): packets dropped (nftables; installed here when
+# missing), the link down for 10 s; flat and two-level jobs against the clean link's result.
+.PHONY: bad-network
+bad-network: setup
+	@command -v nft >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get install -y -qq nftables >/dev/null; } || true
+	@mkdir -p build
+	$(PY) tests/parallel/bad_network.py --json-out build/bad_network.json
+
 # The long kill loop (issue 37): 20 SIGKILLs of random workers in one elastic job, hvdp.torch int8
 # (writing checkpoints) and hvdp.keras int4, each beside the same job without kills; about 25 min.
 # `make test` runs 5 kills of each (tests/parallel/test_kill_loop.py).
