@@ -64,12 +64,7 @@ def run(tmp, schedule, np_=2, min_np=2, max_np=3, epochs=3, kill_host=None, kill
     log_dir = os.path.join(tmp, "logs")
     os.makedirs(log_dir, exist_ok=True)
     disc, progress = write_discovery(tmp, schedule)
-    env = dict(os.environ, OMP_NUM_THREADS="1", TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1",
-               PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
-    # survivors learn of a dead peer when a Gloo collective times out: that timeout (default
-    # 30 s) is the recovery time; 10 s keeps the test short and still far above a step's time
-    env.setdefault("HOROVOD_GLOO_TIMEOUT_SECONDS", "10")
-    env.update(env_extra or {})
+    env = job_env(env_extra)
     cmd = ["horovodrun", "-np", str(np_), "--min-np", str(min_np), "--max-np", str(max_np),
            "--host-discovery-script", disc, "--elastic-timeout", "60", "--gloo",
            # both fake hosts are this machine: name the interface instead of probing 2 hosts
@@ -99,11 +94,27 @@ def run(tmp, schedule, np_=2, min_np=2, max_np=3, epochs=3, kill_host=None, kill
                     kill_time = time.time()
                 time.sleep(0.05)
         finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+            stop(proc)
     with open(out_path) as f:
         return proc.returncode, f.read(), kill_time
+
+
+def job_env(extra=None):
+    """The elastic job's environment: this interpreter's bin first on PATH, one thread each."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1",
+               PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
+    # survivors learn of a dead peer when a Gloo collective times out: that timeout (default
+    # 30 s) is the recovery time; 10 s keeps the test short and still far above a step's time
+    env.setdefault("HOROVOD_GLOO_TIMEOUT_SECONDS", "10")
+    env.update(extra or {})
+    return env
+
+
+def stop(proc):
+    """End horovodrun and every worker it started (its process group), if still running."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
 
 
 def audit(tmp, num_samples, epochs):

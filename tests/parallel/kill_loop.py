@@ -134,11 +134,8 @@ def run(work, kills, seed=0, compression="int8", script="torch_elastic.py", env_
     log_dir = os.path.join(work, "logs")
     os.makedirs(log_dir, exist_ok=True)
     disc, progress = eh.write_discovery(work, [(0, [f"{h}:1" for h in hosts])])
-    env = dict(os.environ, OMP_NUM_THREADS="1", TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1",
-               PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
-    env.setdefault("HOROVOD_GLOO_TIMEOUT_SECONDS", "10")
     flight_dir = os.path.join(work, "flight")
-    env.update(env_extra or {}, HVDP_FLIGHT_DIR=flight_dir)
+    env = eh.job_env(dict(env_extra or {}, HVDP_FLIGHT_DIR=flight_dir))
     cmd = ["horovodrun", "-np", "3", "--min-np", "2", "--max-np", "3", "--host-discovery-script", disc,
            "--log-level", os.environ.get("HVDP_KILL_LOOP_LOG_LEVEL", "WARNING"),
            "--elastic-timeout", "120", "--blacklist-cooldown-range", *COOLDOWN, "--gloo",
@@ -177,9 +174,7 @@ def run(work, kills, seed=0, compression="int8", script="torch_elastic.py", env_
                             next_at = None
                 time.sleep(0.1)
         finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+            eh.stop(proc)
     with open(out_path) as f:
         text = f.read()
     result = {"rc": None if hang else proc.returncode, "hang": hang, "kills": done_kills, "out": text,
