@@ -11,12 +11,14 @@ pytestmark = pytest.mark.parallel
 
 NUM_TRAIN = kl.NUM_TRAIN
 KILLS = 5
+GAPS = dict(min_gap=3, max_gap=8)  # commits after the three workers are back, before the next kill
 
 
 def run_with_retry(work, **kw):
     """One run; a second (another seed, a fresh directory) only where the first ended in Horovod's
     own C++ abort (kill_loop.HOROVOD_ABORT: not hvdp's to fix, docs/correctness.md); any other
     failure, or that one twice, fails the test."""
+    kw = dict(GAPS, **kw)
     res = kl.run(str(work / "kills"), KILLS, **kw)
     if res["rc"] != 0 and res["horovod_abort"]:
         print(f"\nfirst run: Horovod's C++ abort after {len(res['kills'])} kills (hang: {res['hang']}); "
