@@ -21,35 +21,13 @@ import torch
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as hook_mod
 
 import hvdp.torch as hvd
+from ddp_bucket import FakeBucket
 from outer_torch import torch_group
 
 # two of the same shape (the hook draws Qs grouped by shape), a vector, a conv-like 4-D weight,
 # a matrix too small to compress at rank 2, a wide one
 SHAPES = [(24, 16), (16,), (8, 3, 3, 3), (24, 16), (4, 4), (10, 30)]
 TOL, WARM_TOL, START, STEPS = 1e-5, 1e-6, 2, 5
-
-
-class FakeBucket:
-    """What the hook reads of DDP's GradBucket: one flat buffer and per-tensor views of it."""
-
-    def __init__(self, flat, shapes):
-        self._buffer, self._views, off = flat, [], 0
-        for s in shapes:
-            k = int(np.prod(s))
-            self._views.append(flat[off:off + k].view(s))
-            off += k
-
-    def buffer(self):
-        return self._buffer
-
-    def gradients(self):
-        return self._views
-
-    def index(self):
-        return 0
-
-    def is_last(self):
-        return True
 
 
 def hook_init(codec, shapes, seed):
