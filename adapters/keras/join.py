@@ -61,16 +61,12 @@ def join(extra_variables=(), optimizers=None) -> int:
     gc.collect()  # an optimizer dropped earlier should not refuse or be broadcast below
     _refuse_unless_ready()
     last = B.horovod_join()
-    chosen = optimizers
-    outers = OUTER.alive()
-    if B.hvd.size() > 1:  # only those alive on every rank: no broadcast on some ranks only
-        outers = OUTER.alive_on_every_rank(B.hvd.allgather_object, "hvdp.join.outer")
-        if optimizers is None:
-            optimizers = OPTIMIZERS.alive_on_every_rank(B.hvd.allgather_object, "hvdp.join.alive")
-    elif optimizers is None:
-        optimizers = OPTIMIZERS.alive()
+    # only those alive on every rank: no broadcast on some ranks only
+    outers = OUTER.alive_on_every_rank(B.hvd.allgather_object, "hvdp.join.outer")
+    given = optimizers if optimizers is not None else \
+        OPTIMIZERS.alive_on_every_rank(B.hvd.allgather_object, "hvdp.join.alive")
     seen, variables = set(), []
-    for opt in optimizers:
+    for opt in given:
         red = state_of(opt)
         if red is None or red.engine.comm.process_set.process_set_id != 0 or not opt.built:
             continue  # Horovod's join is global; an hvd.OuterOptimizer syncs below
@@ -85,7 +81,7 @@ def join(extra_variables=(), optimizers=None) -> int:
     if variables and B.hvd.size() > 1:
         broadcast_variables(variables, root_rank=last)
     for opt in outers:  # hvd.OuterOptimizer: the last rank's parameters and outer state
-        if chosen is None or any(opt is o for o in chosen):
+        if optimizers is None or any(opt is o for o in optimizers):
             outer_of(opt).sync_from(last)
     return last
 

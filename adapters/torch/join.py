@@ -116,9 +116,9 @@ def join(device: int = -1) -> int:
         device = next((p.device.index for o in opts for g in o.param_groups for p in g["params"]
                        if p.device.type == "cuda"), -1)
     last = int(_hvd.join(device))
-    if _hvd.size() > 1:  # only those alive on every rank: no broadcast on some ranks only
-        opts = OPTIMIZERS.alive_on_every_rank(_hvd.allgather_object, "hvdp.join.alive")
-        outers = OUTER.alive_on_every_rank(_hvd.allgather_object, "hvdp.join.outer")
+    # only those alive on every rank: no broadcast on some ranks only
+    opts = OPTIMIZERS.alive_on_every_rank(_hvd.allgather_object, "hvdp.join.alive")
+    outers = OUTER.alive_on_every_rank(_hvd.allgather_object, "hvdp.join.outer")
     for opt in opts:  # Horovod's join is global: a process set's ranks are not these ranks
         comm = opt.engine.comm
         if comm.size > 1 and comm.process_set.process_set_id == 0:

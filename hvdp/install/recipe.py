@@ -1,9 +1,8 @@
 """The Horovod build recipe: pure decisions from :class:`~hvdp.install.facts.Facts`.
 
-Horovod's last release (0.28.1, 2023) does not build from PyPI's sdist against today's
-frameworks. The whole fix is the :data:`PATCHES` table below, applied to a private copy of the
-sdist; each pattern must match, so a different sdist fails loudly instead of building something
-else. Everything else is Horovod's own build, configured through its ``HOROVOD_*`` variables.
+Horovod 0.28.1 (2023) does not build from PyPI's sdist against today's frameworks. The whole fix
+is the :data:`PATCHES` table below, applied to a private copy of the sdist; each pattern must
+match (a different sdist fails loudly). The rest is Horovod's own build (its ``HOROVOD_*``).
 """
 from __future__ import annotations
 
