@@ -1,4 +1,4 @@
-"""The kill loop (tests/parallel/kill_loop.py) in short: 5 SIGKILLs of random workers at random
+"""The kill loop (tests/parallel/kill_loop.py) in short: 3 SIGKILLs of random workers at random
 moments in one elastic job, int8 with hvdp.torch (writing checkpoints as it goes) and int4 with
 hvdp.keras; ``make kill-loop`` runs the long one (20 kills)."""
 import os
@@ -10,7 +10,7 @@ import kill_loop as kl
 pytestmark = pytest.mark.parallel
 
 NUM_TRAIN = kl.NUM_TRAIN
-KILLS = 5
+KILLS = 3  # 5 took 200 s here and over pytest's 300 s on a slower CI machine; `make kill-loop`: 20
 GAPS = dict(min_gap=3, max_gap=8)  # commits after the three workers are back, before the next kill
 
 
@@ -39,14 +39,15 @@ def check_run(res, epochs):
     return finals[0]
 
 
+@pytest.mark.timeout(900)  # the reference, the kill run and a second one where Horovod aborted
 def test_kill_loop_torch_int8_with_checkpoints(tmp_path):
     hosts, why = kl.three_hosts()
     if hosts is None:
         pytest.skip(why)
-    epochs = 9
+    epochs = 6
     ckpt = str(tmp_path / "ckpt.pt")
     extra = ["--checkpoint", ckpt, "--checkpoint-every", "7"]
-    ref = kl.run(str(tmp_path / "reference"), 0, epochs=epochs, timeout=300)
+    ref = kl.run(str(tmp_path / "reference"), 0, epochs=epochs, timeout=200)
     assert ref["rc"] == 0, ref["out"][-4000:]
     _, ref_finals, _ = kl.audit_chain(ref["log_dir"], NUM_TRAIN, epochs)
     res = run_with_retry(tmp_path, seed=1, epochs=epochs, timeout=300, extra=extra)
@@ -65,11 +66,12 @@ def test_kill_loop_torch_int8_with_checkpoints(tmp_path):
     print(f"checkpoint: last saved at commit {saved['extra']['commits']}, {len(left)} temporary files left")
 
 
+@pytest.mark.timeout(900)
 def test_kill_loop_keras_int4(tmp_path):
     hosts, why = kl.three_hosts()
     if hosts is None:
         pytest.skip(why)
-    epochs = 9
+    epochs = 6
     res = run_with_retry(tmp_path, seed=2, compression="int4", script="keras_elastic.py", epochs=epochs,
                          timeout=400)
     final = check_run(res, epochs)

@@ -32,7 +32,7 @@ def clean_env():
 
 
 def losses(out):
-    found = re.findall(r"LOSSES (.+)", out)
+    found = re.findall(r"LOSSES ((?:[-+.0-9eE]+ ){4}[-+.0-9eE]+)", out)  # five numbers, nothing after
     assert len(found) == 1, out[-3000:]
     return found[0].split()
 

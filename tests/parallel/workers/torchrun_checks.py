@@ -63,5 +63,8 @@ for k, p in model.named_parameters():
     assert torch.equal(allp[0], allp[-1]), f"{k} differs between ranks"
 print(f"CHECK ranks_identical OK rank={r}", flush=True)
 if r == 0:
-    print("LOSSES " + " ".join(f"{v:.9g}" for v in losses), flush=True)
+    # one write, newline included: print() writes the line and its newline apart, and the other
+    # rank's output, relayed by torchrun (and Spark), once fell between the two
+    sys.stdout.write("LOSSES " + " ".join(f"{v:.9g}" for v in losses) + "\n")
+    sys.stdout.flush()
 hvd.shutdown()
