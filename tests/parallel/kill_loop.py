@@ -7,6 +7,7 @@ back to the last commit and go on; the host, once back, is added again. After th
 log must show every sample exactly once per epoch and the ranks identical at the end.
 
     python tests/parallel/kill_loop.py --kills 20 [--compression int4] [--script keras_elastic.py]
+                                       [--moments phase2,commit,checkpoint]
 
 prints one line per kill (when, which rank, what the survivors were doing, recovery time) and a
 summary: kills survived / attempted, recovery median and max, the final held-out loss against
@@ -34,6 +35,7 @@ COOLDOWN = ("1", "4")  # seconds: Horovod's cooldown is lower * 2**count (+ jitt
 # thread or a restarted worker's rendezvous throws outside any handler and the process aborts;
 # after such aborts horovodrun's elastic driver once hung with no worker left (docs/correctness.md)
 HOROVOD_ABORT = "terminate called after throwing an instance of 'gloo::"
+NO_WORKER_S = 40  # no live worker this long: the job is lost (restarts take seconds, cooldowns 1-4 s x 2**n)
 
 
 def three_hosts():
@@ -65,7 +67,10 @@ def live_workers(log_dir):
     for name in os.listdir(log_dir):
         if name.startswith("pid-"):
             with open(os.path.join(log_dir, name)) as f:
-                pid = int(f.read())
+                text = f.read()
+            if not text.strip():  # the worker is writing it now
+                continue
+            pid = int(text)
             if alive(pid):
                 out.append((name[4:], pid))
     return sorted(out)
@@ -123,10 +128,28 @@ def survivors_failed_in(flight_dir, t0, t1):
     return sorted(seen)
 
 
+KILL_AT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "workers", "kill_at.py")
+
+
+def fired_kill(arm_dir):
+    """The kill a worker armed by workers/kill_at.py made, once (its fired- file is then renamed
+    seen-). -> {"t", "worker", "moment"} or None."""
+    for name in os.listdir(arm_dir):
+        if name.startswith("fired-"):
+            path = os.path.join(arm_dir, name)
+            with open(path) as f:
+                fired = json.load(f)
+            os.replace(path, os.path.join(arm_dir, "seen-" + name[6:]))
+            return fired
+    return None
+
+
 def run(work, kills, seed=0, compression="int8", script="torch_elastic.py", env_extra=None, epochs=3,
-        min_gap=4, max_gap=12, timeout=900, step_sleep=0.05, extra=()):
-    """Run the job, killing a random worker ``kills`` times; each kill waits until three workers
-    commit again, then ``min_gap``..``max_gap`` more commits. -> dict of the results."""
+        min_gap=4, max_gap=12, timeout=900, step_sleep=0.05, extra=(), moments=()):
+    """Run the job, killing a worker ``kills`` times; each kill waits until three workers commit
+    again, then ``min_gap``..``max_gap`` more commits. Kill i is a SIGKILL from outside at a random
+    moment, or, where ``moments[i]`` names one (workers/kill_at.py: "phase2", "commit",
+    "checkpoint"), the worker armed for it kills itself there. -> dict of the results."""
     hosts, why = three_hosts()
     if hosts is None:
         raise RuntimeError(f"the kill loop needs three local host names: {why}")
@@ -136,10 +159,13 @@ def run(work, kills, seed=0, compression="int8", script="torch_elastic.py", env_
     disc, progress = eh.write_discovery(work, [(0, [f"{h}:1" for h in hosts])])
     flight_dir = os.path.join(work, "flight")
     env = eh.job_env(dict(env_extra or {}, HVDP_FLIGHT_DIR=flight_dir))
+    arm_dir = os.path.join(work, "arm")
+    os.makedirs(arm_dir, exist_ok=True)
     cmd = ["horovodrun", "-np", "3", "--min-np", "2", "--max-np", "3", "--host-discovery-script", disc,
            "--log-level", os.environ.get("HVDP_KILL_LOOP_LOG_LEVEL", "WARNING"),
            "--elastic-timeout", "120", "--blacklist-cooldown-range", *COOLDOWN, "--gloo",
-           "--network-interface", "lo", sys.executable, os.path.join(eh.ROOT, "examples", script),
+           "--network-interface", "lo", sys.executable] + (["-u", KILL_AT, arm_dir] if moments else []) + [
+           os.path.join(eh.ROOT, "examples", script),
            "--epochs", str(epochs), "--log-dir", log_dir, "--step-sleep", str(step_sleep),
            "--compression", compression] + list(extra)
     rng = random.Random(seed)
@@ -147,15 +173,26 @@ def run(work, kills, seed=0, compression="int8", script="torch_elastic.py", env_
     with open(out_path, "w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=eh.ROOT,
                                 start_new_session=True)
-        deadline, next_at, hang = time.time() + timeout, None, False
+        deadline, next_at, hang, none_since = time.time() + timeout, None, False, None
         try:
             while proc.poll() is None:
                 if time.time() > deadline:  # a hang: reported in the result, the job killed below
                     hang = True
                     break
+                if os.listdir(log_dir) and not live_workers(log_dir):
+                    none_since = none_since or time.time()
+                    if time.time() - none_since > NO_WORKER_S:  # horovodrun's driver waits on
+                        hang = True  # workers that all died (after Horovod's C++ aborts): stop now
+                        break
+                else:
+                    none_since = None
                 records, _ = eh.read_records(log_dir)
                 last = max(records, key=lambda r: r["t"], default=None)
                 done = last["commit"] if last else 0
+                fired = fired_kill(arm_dir)
+                if fired:  # an armed worker killed itself at its moment
+                    done_kills.append(dict(fired, commit=done))
+                    next_at = None
                 k = done_kills[-1] if done_kills else None
                 if k is not None and "saw" not in k and last["t"] > k["t"] and last["size"] < 3:
                     # the survivors' first step after the reset; their dumps are fresh
@@ -165,13 +202,23 @@ def run(work, kills, seed=0, compression="int8", script="torch_elastic.py", env_
                     if next_at is None:
                         next_at = done + rng.randint(min_gap, max_gap)
                     elif done >= next_at:
-                        workers = live_workers(log_dir)
-                        if len(workers) >= 3:
-                            tag, pid = rng.choice(workers)
-                            out.flush()
-                            os.kill(pid, signal.SIGKILL)
-                            done_kills.append({"t": time.time(), "commit": done, "worker": tag})
-                            next_at = None
+                        moment = moments[len(done_kills)] if len(done_kills) < len(moments) else "random"
+                        if moment == "random" or not any(n.startswith("arm-") for n in os.listdir(arm_dir)):
+                            workers = live_workers(log_dir)
+                            if len(workers) >= 3:
+                                out.flush()
+                                if moment == "random":
+                                    tag, pid = rng.choice(workers)
+                                    os.kill(pid, signal.SIGKILL)
+                                    done_kills.append({"t": time.time(), "commit": done, "worker": tag,
+                                                       "moment": "random"})
+                                    next_at = None
+                                else:  # a checkpoint (rank 0 writes) or "<moment>@<rank>": every
+                                    # worker (the one that has the rank fires); else one at random
+                                    every = moment == "checkpoint" or "@" in moment
+                                    for tag, _ in (workers if every else [rng.choice(workers)]):
+                                        with open(os.path.join(arm_dir, "arm-" + tag), "w") as f:
+                                            f.write(moment)
                 time.sleep(0.1)
         finally:
             eh.stop(proc)
@@ -188,7 +235,7 @@ def run(work, kills, seed=0, compression="int8", script="torch_elastic.py", env_
 
 def summary(result, reference_loss=None):
     rec = [k["recovery"] for k in result["kills"] if k.get("recovery") is not None]
-    lines = [f"kill {i + 1}: at commit {k['commit']}, worker {k['worker']}, recovery "
+    lines = [f"kill {i + 1}: {k.get('moment', 'random')} at commit {k['commit']}, worker {k['worker']}, recovery "
              f"{k.get('recovery') or float('nan'):.2f} s, survivors named {k.get('saw')}"
              for i, k in enumerate(result["kills"])]
     if rec:
@@ -207,6 +254,8 @@ def main():
     p.add_argument("--epochs", type=int, default=0, help="default: enough for the kills")
     p.add_argument("--checkpoint-every", type=int, default=0, help="torch_elastic.py: save a checkpoint so often")
     p.add_argument("--work", default=None)
+    p.add_argument("--moments", default="", help="comma-separated, for the first kills: phase2, commit, "
+                   "checkpoint (with --checkpoint-every), <moment>@<rank>; the rest are random")
     args = p.parse_args()
     env = {"KERAS_BACKEND": args.backend} if args.backend else {}
     epochs = args.epochs or 2 * args.kills + 2  # a kill, its recovery and the host's return: ~40 commits
@@ -219,7 +268,8 @@ def main():
     assert ref["rc"] == 0, ref["out"][-3000:]
     _, ref_finals, _ = audit_chain(ref["log_dir"], NUM_TRAIN, epochs)
     res = run(os.path.join(work, "kills"), args.kills, seed=args.seed, compression=args.compression,
-              script=args.script, env_extra=env, epochs=epochs, timeout=600 + 60 * args.kills, extra=extra)
+              script=args.script, env_extra=env, epochs=epochs, timeout=600 + 60 * args.kills, extra=extra,
+              moments=[m for m in args.moments.split(",") if m])
     print(summary(res))
     if res["rc"] != 0 or len(res["kills"]) < args.kills:
         print(res["out"][-4000:])
