@@ -27,6 +27,7 @@ HVDP_KERNELS = "HVDP_KERNELS"                            # off: no fused codec k
 HVDP_STALL_TIMEOUT_SECONDS = "HVDP_STALL_TIMEOUT_SECONDS"  # 0: no stall watchdog (watchdog.py)
 HVDP_FLIGHT_RECORDS = "HVDP_FLIGHT_RECORDS"              # collectives in the flight record; 0: off (flight.py)
 HVDP_FLIGHT_DIR = "HVDP_FLIGHT_DIR"                      # where flight records are dumped (flight.py)
+HVDP_OVERLAP = "HVDP_OVERLAP"                            # 0: a bucket's next phase waits for step() (drive.py)
 HVDP_DDP_ADDR = "HVDP_DDP_ADDR"                          # examples/benchmarks: DDP's Gloo rendezvous address
 HVDP_DDP_PORT = "HVDP_DDP_PORT"                          # examples/benchmarks: DDP's Gloo rendezvous port
 HOROVOD_ELASTIC = "HOROVOD_ELASTIC"                      # 1: an elastic job (horovodrun sets it)
@@ -132,6 +133,12 @@ def flight_dir(environ: Environ = None) -> str:
     return "hvdp-flight" if raw is None else os.path.expanduser(raw.strip())
 
 
+def overlap(environ: Environ = None) -> bool:
+    """``HVDP_OVERLAP`` (default on): hvdp.torch starts a bucket's next phase from its gradient
+    hooks as soon as the previous one is done; off: at ``step()`` (the same results either way)."""
+    return env_bool(HVDP_OVERLAP, True, environ)
+
+
 def kernels_mode(environ: Environ = None) -> str:
     """``HVDP_KERNELS``: ``auto`` (default: kernels where one serves) or ``off`` (array ops)."""
     return env_choice(HVDP_KERNELS, KERNEL_MODES, "auto", environ)
@@ -172,7 +179,7 @@ def elastic_mode(environ: Environ = None) -> bool:
     return (environ if environ is not None else os.environ).get(HOROVOD_ELASTIC) == "1"
 
 
-_CHECKS = (compile_codecs_default, check_agreement, failure_board, kernels_mode,
+_CHECKS = (compile_codecs_default, check_agreement, failure_board, kernels_mode, overlap,
            lambda env: fusion_threshold_bytes(1, env), lambda env: min_compress_elements(0, env),
            lambda env: ddp_port(1, env), stall_timeout_s, flight_records)
 

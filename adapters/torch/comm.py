@@ -54,6 +54,10 @@ class TorchCollectives(ProcessSetCollectives):
         h = _hvd.allgather_async(buf, name=self.scope + name, process_set=self.process_set)
         return self._named(h, name)
 
+    def done(self, handle) -> bool:
+        """Horovod's ``poll``: the collective has finished (a callable handle: not known)."""
+        return not callable(handle) and bool(_hvd.poll(handle))
+
     def wait(self, handle):
         out = synchronize(handle, self._names.pop(handle, self.scope + "(collective)"))
         return out[0] if isinstance(out, tuple) else out  # alltoall also returns received splits

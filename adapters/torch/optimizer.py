@@ -13,7 +13,7 @@ from contextlib import contextmanager
 import horovod.torch as _hvd
 import torch
 
-from hvdp.config import compile_codecs_default, elastic_mode
+from hvdp.config import compile_codecs_default, elastic_mode, overlap
 from hvdp.reduce.engine import Engine
 from hvdp.reduce.settings import ReduceSettings, is_low_rank, is_two_phase
 
@@ -62,6 +62,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                              joined=(lambda: ctl().joined()) if ctl is not None else None,
                              levels=(lambda: levels(process_set, settings.instance)) if settings.hierarchical else None)
         self._presence = Presence(comm)
+        self._overlap = overlap()  # HVDP_OVERLAP: buckets' next phases from the hooks
         self._hooks, self._hooked = [], set()
         REPORTER.install()  # needs the rank, so after hvd.init
         self._set_layout(make_layout(self.param_groups, self._all_names, groups, self.engine, at_creation=True))
@@ -120,6 +121,19 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if self._delay[p] == 0:
             with REPORTER.explaining():  # once Horovod is down, launching fails first
                 self._launch(p)
+        if self._overlap and self.engine.in_flight:
+            self._progress()
+
+    def _progress(self):
+        """Every bucket in flight whose collective is done starts its next phase now, while
+        backward goes on (``Engine.progress``); a failed collective fails the step as in
+        :meth:`synchronize`."""
+        try:
+            with REPORTER.explaining():
+                self.engine.progress()
+        except BaseException:
+            self.abort_step()
+            raise
 
     def _launch(self, p):
         eng, lay = self.engine, self._layout

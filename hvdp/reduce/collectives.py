@@ -29,6 +29,11 @@ class ProcessSetCollectives:
     def rank(self) -> int:
         return self.process_set.rank()
 
+    def done(self, handle) -> bool:
+        """Whether :meth:`wait` on ``handle`` would return at once (default: not known, False: a
+        reducer then starts its next phase only when waited for)."""
+        return False
+
 
 class Collectives(Protocol):
     size: int
@@ -45,6 +50,9 @@ class Collectives(Protocol):
 
     def wait(self, handle: Handle) -> Array:
         """Block until a handle is done and return its output."""
+
+    def done(self, handle: Handle) -> bool:
+        """Whether :meth:`wait` would return at once; never blocks (False where it cannot tell)."""
 
 
 def allreduce_recorded(comm: Collectives, x: Array, name: str, op: str, postscale: float, stats,

@@ -155,8 +155,16 @@ class HierarchicalReducer(Reducer):
         handle = self.local.alltoall_async(flat, f"hvdp.hl.{name}") if size > 1 else flat
         return _Pending(name, n, s, handle)
 
+    def progress(self, pend: _Pending) -> None:
+        if pend.phase == 1 and (self.local.size == 1 or self.local.done(pend.handle)):
+            self.exchange(pend)
+        if pend.phase == 2:  # the cross step's second phase, where its first is done
+            self.inner.progress(pend.inner)
+
     def exchange(self, pend: _Pending) -> None:
         """Wait for the node's shares, sum this rank's, start the cross step."""
+        if pend.phase != 1:  # started already (progress)
+            return
         ops, size, s = self.ops, self.local.size, pend.share
         recv = self.local.wait(pend.handle) if size > 1 else pend.handle
         recv = ops.reshape(recv, [s * size])  # a static shape again (a traced graph's collective has none)

@@ -169,6 +169,10 @@ class JoinableReducer(Reducer):
         if not isinstance(pend, _JoinedPending):
             self.inner.exchange(pend)
 
+    def progress(self, pend) -> None:
+        if not isinstance(pend, _JoinedPending):
+            self.inner.progress(pend)
+
     def finish(self, pend):
         if not isinstance(pend, _JoinedPending):
             return self.inner.finish(pend)

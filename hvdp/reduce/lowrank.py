@@ -191,7 +191,13 @@ class LowRankReducer(Reducer):
         if n - compressed:
             self.stats.record_allreduce("none", n - compressed, 4 * (n - compressed), p)
 
+    def progress(self, pend: _Pending) -> None:
+        if pend.phase == 1 and (pend.p_handle is None or self.comm.size == 1 or self.comm.done(pend.p_handle)):
+            self.exchange(pend)
+
     def exchange(self, pend: _Pending) -> None:
+        if pend.phase != 1:  # started already (progress)
+            return
         ops, lay = self.ops, self._layouts[pend.name]
         if lay.parts:
             got = self._wait(pend.p_handle)

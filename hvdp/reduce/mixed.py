@@ -126,6 +126,10 @@ class MixedReducer(Reducer):
         if isinstance(pend, _Routed):
             self.reducers[pend.key].exchange(pend.inner)
 
+    def progress(self, pend) -> None:
+        if isinstance(pend, _Routed):
+            self.reducers[pend.key].progress(pend.inner)
+
     def finish(self, pend):
         if isinstance(pend, _Routed):
             return self.reducers[pend.key].finish(pend.inner)

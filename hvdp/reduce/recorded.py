@@ -119,6 +119,9 @@ class Recorded(_Recording):
             return self.inner.wait(handle)
         return self._end(handle, self.inner.wait)
 
+    def done(self, handle) -> bool:
+        return self.inner.done(handle.inner if type(handle) is Flying else handle)
+
 
 class RecordedPlain(_Recording):
     """A plain path (``hvdp.reduce.reducer.PlainPath``) whose submits are recorded: one record

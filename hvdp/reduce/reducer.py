@@ -4,7 +4,10 @@ the two framework pieces an adapter hands the engine besides array ops and colle
 
 A reducer reduces named flat float32 buckets: ``start`` encodes a bucket and starts its first
 collective, ``exchange`` waits for it and starts the next, ``advance`` (a third phase, two-level
-reductions only) does the same once more, ``finish`` waits and returns the average. Everything
+reductions only) does the same once more, ``finish`` waits and returns the average. ``exchange``
+and ``advance`` do nothing for a phase already started, so ``progress`` (called while the
+backward pass still produces later buckets) may have started it earlier: the same work on the
+same values, only sooner. Everything
 optional is stated here, with a default, so the engine never asks whether a reducer has a part:
 
 =================  ============================================================================
@@ -13,6 +16,8 @@ optional is stated here, with a default, so the engine never asks whether a redu
 ``store_sizes``    the same per bucket name (default ``layout(n)``; powersgd's depend on shapes)
 ``set_shapes``     the tensor shapes of each bucket (default: not needed)
 ``advance``        a third phase (default: none)
+``progress``       start the next phase where the previous one is done, never waiting (default:
+                   nothing; the phases then start when the engine asks for them)
 ``state_dict``     what a checkpoint carries; ``load_state_dict`` puts it back
 =================  ============================================================================
 
@@ -123,6 +128,10 @@ class Reducer(abc.ABC):
 
     def advance(self, pend: Any) -> None:
         """A third phase, after every bucket's :meth:`exchange` (two levels); default none."""
+
+    def progress(self, pend: Any) -> None:
+        """Start the next phase if the collective before it is done (``comm.done``); never
+        waits. Default nothing: :meth:`exchange` starts it when the engine asks."""
 
     @abc.abstractmethod
     def finish(self, pend: Any) -> Array:

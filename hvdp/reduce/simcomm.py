@@ -50,6 +50,11 @@ class FakeComm:
     def allgather_async(self, buf, name):
         return self._post("allgather", name, buf)
 
+    def done(self, handle):
+        kind, name = handle[:2]
+        with self.group.posted:
+            return len(self.group.board.get((kind, name), ())) == self.size
+
     def wait(self, handle):
         kind, name, rank = handle[:3]
         if self.group.blocking:

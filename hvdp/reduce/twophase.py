@@ -191,7 +191,13 @@ class TwoPhaseReducer(Reducer):
             payloads = [self.codec.encode(ops, self._chunk(flat, i, c, n)) for i in range(p)]
         return ops.cat(payloads), own
 
+    def progress(self, pend: _Pending) -> None:
+        if pend.phase == 1 and (self.comm.size == 1 or self.comm.done(pend.handle)):
+            self.exchange(pend)
+
     def exchange(self, pend: _Pending) -> None:
+        if pend.phase != 1:  # started already (progress)
+            return
         p, c = self.comm.size, pend.chunk
         recv = self._wait(pend.handle) if p > 1 else pend.handle
         t0 = time.perf_counter()

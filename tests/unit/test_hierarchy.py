@@ -2,6 +2,7 @@
 float64 average under its bound, ranks bit-identical, none equal to the flat reduction, the
 bytes that cross nodes, the residual rules, the topology checks and the settings' refusals."""
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -262,3 +263,36 @@ def test_make_levels_adds_the_sets_or_says_how(monkeypatch):
     with pytest.raises(HierarchyError, match="process_set="):
         make_levels(f.hv, 1, 0, gather, lambda ps: ps, process_set=type("P", (), {"process_set_id": 3})(),
                     environ={})
+
+
+@pytest.mark.parametrize("codec", ["none", "int8"])
+def test_progress_runs_both_levels_ahead_with_the_same_bits(codec):
+    """``progress`` (hvdp.torch's hooks) starts the cross step once the node's shares are in, and
+    the cross step's second phase once its first is done, never waiting; over two steps
+    (residuals carried) the results are the bits of the phases started at finish."""
+    nodes, width, n = 2, 2, 3000
+    ahead, plain = cluster(nodes, width, codec), cluster(nodes, width, codec)
+    phases = [None] * (nodes * width)
+    for s in range(2):
+        flats = grads(nodes * width, n, seed=s)
+        want = run(plain, flats)
+        got, errors = [None] * len(ahead), []
+
+        def one(r):
+            try:
+                red = ahead[r]
+                pend = red.start("b0", flats[r])
+                deadline = time.monotonic() + 30
+                while pend.phase == 1 or (codec != "none" and pend.inner.phase == 1):
+                    red.progress(pend)
+                    assert time.monotonic() < deadline, f"rank {r}: progress never got past phase {pend.phase}"
+                    time.sleep(0.001)
+                phases[r] = (pend.phase, getattr(pend.inner, "phase", None))
+                red.advance(pend)
+                got[r] = red.finish(pend)
+            except BaseException as e:  # reported below, on the test's thread
+                errors.append(e)
+        run_threads(one, len(ahead), errors)
+        for r in range(len(ahead)):
+            assert phases[r] == (2, None if codec == "none" else 2), phases
+            assert np.array_equal(got[r], want[r]), f"{codec} step {s} rank {r}"

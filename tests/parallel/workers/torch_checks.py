@@ -440,6 +440,7 @@ CHECKS = {
     "disk": lambda: __import__("torch_checkpoint_checks").check_full_or_read_only_disk(),
     "elastic_restore": check_restore_after_failed_step,
     "horovod_options": check_horovod_options,
+    "overlap": lambda: __import__("overlap_checks").check_overlap(),
 }
 
 if __name__ == "__main__":
