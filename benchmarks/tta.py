@@ -19,7 +19,8 @@ its own Gloo group in the same two processes.
   target run's (``fp32_deterministic`` in the report).
 - Methods: hvdp none, bf16, int8 (+ error feedback, its default), each of ("int4", "powersgd")
   that ``hvdp.codecs.names()`` lists when it runs (powersgd at ranks 1, 4 and 8 when it takes
-  ``rank``, with DDP's warm-up of ``powersgd_start`` plain steps), auto; DDP plain, + fp16 hook,
+  ``rank``, with DDP's warm-up of ``powersgd_start`` plain steps), int8 and int4 in 512 KiB
+  buckets (7 instead of 1: their exchange overlaps the backward pass), auto; DDP plain, + fp16 hook,
   + bf16 hook (DDP refuses it on Gloo: its message is kept), + PowerSGD ranks 1, 4, 8 (error
   feedback, warm start, plain allreduce for its first ``powersgd_start`` steps, one DDP bucket).
   Each is its own run from the same initial weights with the same batches (one per step and
@@ -59,6 +60,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+import breakdown  # noqa: E402
 import slowlink  # noqa: E402
 
 RES = os.path.join(HERE, "results")
@@ -74,6 +76,7 @@ SIZES = {  # T: fp32's steps (the target's step); runs stop at 2T at the latest
               "eval_every": 3, "val_windows": 16, "powersgd_start": 2, "steady_from": 3},
 }
 NEW_CODECS = ("int4", "powersgd")
+SMALL_BUCKETS = 512 * 1024  # bytes of float32 per bucket for the "(512 KiB buckets)" runs
 PSEUDO = ("compute", "exchange")  # the ratio's two halves, no training run
 PEAK_LR, FLOOR, CLIP, SEED = 2e-3, 0.1, 1.0, 0
 HVDP_OVER_DDP = 0.7      # throttled links: hvdp's best time to target <= 0.7 x the best DDP method's
@@ -84,8 +87,9 @@ RATIO_RANGE = (2.0, 5.0)  # fp32 exchange : compute on the throttled links
 # ---------------------------------------------------------------- the worker (inside horovodrun)
 
 def hvdp_methods(powersgd_start=0):
-    """(label, codec) of hvdp's contenders: the fixed ones, the new codecs that exist now, auto.
-    powersgd gets DDP's warm-up (``start_powerSGD_iter``) where it takes one."""
+    """(label, codec) of hvdp's contenders: the fixed ones, the new codecs that exist now, auto;
+    int8 and int4 also in buckets of ``SMALL_BUCKETS`` bytes (several: their exchange overlaps
+    the backward pass). powersgd gets DDP's warm-up (``start_powerSGD_iter``) where it takes one."""
     from hvdp import codecs
     out = [("hvdp none", "none"), ("hvdp bf16", "bf16"), ("hvdp int8", "int8")]
     have = codecs.names()
@@ -97,6 +101,7 @@ def hvdp_methods(powersgd_start=0):
             out += [(f"hvdp powersgd{r}", codec.configure(rank=r, **warm)) for r in (1, 4, 8)]
         else:
             out.append((f"hvdp {name}", codec))
+    out += [(f"hvdp {c} (512 KiB buckets)", c) for c in ("int8", "int4") if c in have]
     return out + [("hvdp auto", "auto")]
 
 
@@ -176,8 +181,9 @@ def worker(a):
 
     def hvdp_run(label, codec, limit):
         m = copy.deepcopy(base)
-        key = label.replace(" ", "_")
-        opt = hvd.DistributedOptimizer(adamw(m.parameters()), compression=codec,
+        key = label.replace(" ", "_").replace("(", "").replace(")", "")
+        policy = hvd.CompressionPolicy(fusion_threshold_bytes=SMALL_BUCKETS) if "KiB buckets" in label else None
+        opt = hvd.DistributedOptimizer(adamw(m.parameters()), compression=codec, policy=policy,
                                        named_parameters=[(f"{key}.{k}", p) for k, p in m.named_parameters()])
         return Run(label, "hvdp", m, opt, m, limit, str(codec), sz)
 
@@ -247,7 +253,9 @@ def worker(a):
     out["refused"] = refused
     out["methods"] = {r.label: {"kind": r.kind, "codec": r.codec, "steps": r.step, "reached_step": r.reached,
                                 "step_s": r.times, "wire_bytes": r.wire, "train_loss": r.losses,
-                                "evals": r.evals, "eval_s": r.eval_s} for r in runs}
+                                "evals": r.evals, "eval_s": r.eval_s,
+                                "phase_ms": r.opt.compression_stats()["phase_ms"] if r.kind == "hvdp" else None}
+                      for r in runs}
     with open(a.json_out, "w") as f:
         json.dump(out, f)
 
@@ -365,7 +373,23 @@ def table(results):
                          f"{r['mb_per_step']:.2f} |")
         for k, why in res.get("refused", {}).items():
             lines.append(f"| {k} | {label} | — | refused by DDP: {why} | — | — |")
-    return "\n".join(lines), notes
+    return "\n".join(lines + ["", "Step time against its limit (`benchmarks/breakdown.py`):", "", breakdown.HEADER]
+                     + breakdown_rows(results)), notes
+
+
+def breakdown_rows(results):
+    """Each training method's step beside its limit, with hvdp's phases (issue 36, item 1)."""
+    out = []
+    for rate, label, _ in LINKS:
+        res = results.get(rate)
+        if res is None or "skipped" in res:
+            continue
+        s = res["summary"]
+        for k, r in s["methods"].items():
+            phases = res["methods"][k].get("phase_ms")
+            out.append(breakdown.row(k, label, r["step_s"], s["compute_s"], r["mb_per_step"] * 1e6,
+                                     res.get("measured_gbit_s"), phases))
+    return out
 
 
 def plot(results, png):
