@@ -348,16 +348,19 @@ def target_rows(results=None):
     return out
 
 
+def ran(results):
+    """(label, what it stands for, result) of each link that ran, in LINKS' order."""
+    return [(label, stands, results[rate]) for rate, label, stands in LINKS
+            if rate in results and "skipped" not in results[rate]]
+
+
 def table(results):
     k0 = next((r["size"]["steady_from"] for r in results.values() if "size" in r), 0)
     lines = [f"| method | link | steps to target | seconds to target | step time (s, median of steps > {k0}) | "
              f"MB/step/worker (mean of steps > {k0}) |",
              "|---|---|---|---|---|---|"]
     notes = []
-    for rate, label, stands in LINKS:
-        res = results.get(rate)
-        if res is None or "skipped" in res:
-            continue
+    for label, stands, res in ran(results):
         s = res["summary"]
         ratio = ", ".join(f"{k} {s['exchange_s'][k]:.3f} s = {v:.2f}x" for k, v in s["exchange_over_compute"].items())
         evals = [r["eval_s"] for r in s["methods"].values() if r["eval_s"]]
@@ -380,10 +383,7 @@ def table(results):
 def breakdown_rows(results):
     """Each training method's step beside its limit, with hvdp's phases (issue 36, item 1)."""
     out = []
-    for rate, label, _ in LINKS:
-        res = results.get(rate)
-        if res is None or "skipped" in res:
-            continue
+    for label, _, res in ran(results):
         s = res["summary"]
         for k, r in s["methods"].items():
             phases = res["methods"][k].get("phase_ms")
@@ -396,7 +396,7 @@ def plot(results, png):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    done = [(label, results[rate]) for rate, label, _ in LINKS if rate in results and "skipped" not in results[rate]]
+    done = [(label, res) for label, _, res in ran(results)]
     if not done:
         return
     fig, axes = plt.subplots(1, len(done), figsize=(6 * len(done), 4.5), squeeze=False)
