@@ -29,6 +29,18 @@ def horovodrun(args, np=2, controller="gloo", timeout=240, env=None):
     return r.returncode, r.stdout + r.stderr
 
 
+def first_error(output, lines=60):
+    """The first rank's traceback in a horovodrun output (its ``[r]<stderr>:`` lines from the
+    first ``Traceback``, at most ``lines``), or "" where no rank printed one: a failed job's
+    cause, which the output's tail may have cut off behind the other ranks' shutdown messages."""
+    m = re.search(r"^\[(\d+)\]<stderr>:Traceback", output, re.M)
+    if m is None:
+        return ""
+    tag = f"[{m.group(1)}]<stderr>:"
+    mine = [ln for ln in output[m.start():].splitlines() if ln.startswith(tag)]
+    return "\n".join(mine[:lines])
+
+
 def checks_passed(output):
     """Names of the checks every rank reported as passed ('CHECK <name> OK rank=<r>')."""
     seen = {}

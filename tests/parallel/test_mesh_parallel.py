@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from conftest import WORKERS, checks_passed, horovodrun
+from conftest import WORKERS, checks_passed, first_error, horovodrun
 
 pytestmark = [pytest.mark.parallel, pytest.mark.timeout(700)]  # one job per controller
 
@@ -30,13 +30,14 @@ def run_checks(controller):
 def test_mesh_check(controller, check):
     rc, out = run_checks(controller)
     passed = checks_passed(out)
-    assert passed.get(check) == RANKS, f"check {check} not passed on all 4 ranks (rc={rc}):\n{out[-4000:]}"
+    assert passed.get(check) == RANKS, (f"check {check} not passed on all 4 ranks (rc={rc}); the first "
+                                        f"rank's error:\n{first_error(out)}\n...\n{out[-3000:]}")
 
 
 @pytest.mark.parametrize("controller", sorted(MODES))
 def test_mesh_job_exit_code(controller):
     rc, out = run_checks(controller)
-    assert rc == 0, out[-4000:]
+    assert rc == 0, f"the first rank's error:\n{first_error(out)}\n...\n{out[-3000:]}"
 
 
 def test_keras_dp_inside_mesh():
