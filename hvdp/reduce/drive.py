@@ -107,19 +107,17 @@ class StepDrive:
             self.reducer.progress(pend)
 
     def exchange_all(self) -> None:
-        """Every started bucket's second phase, then (two levels) every bucket's third; once per
-        bucket (a later call before :meth:`finish_buckets` has nothing left to do)."""
-        todo = [pend for b, pend in self._pending.items() if b not in self._exchanged]
-        for pend in todo:
+        """Every started bucket's second phase, then (two levels) every bucket's third; a phase
+        already started (by :meth:`progress` or an earlier call) is not started again: the
+        reducers' ``exchange`` and ``advance`` do nothing for it."""
+        for pend in self._pending.values():
             self.reducer.exchange(pend)
-        for pend in todo:
+        for pend in self._pending.values():
             self.reducer.advance(pend)
-        self._exchanged.update(self._pending)
 
     def finish_buckets(self) -> Iterator[Tuple[int, Array]]:
         """Every started bucket's averaged flat float32 values, in start order."""
         pending, self._pending = self._pending, {}
-        self._exchanged = set()
         for b, pend in pending.items():
             yield b, self.reducer.finish(pend)
 
@@ -143,7 +141,6 @@ class StepDrive:
     def abort(self) -> None:
         """Drop a failed step's reductions (an elastic reset); auto measures again."""
         self._pending.clear()
-        self._exchanged = set()
         if self.chooser is not None:
             self.chooser.invalidate()
 

@@ -112,7 +112,6 @@ class Engine(StepDrive):
         # internal state of a step
         self.step = 0                          # reductions completed (eager drivers)
         self._pending: Dict[int, Any] = {}     # bucket -> its reduction in flight
-        self._exchanged: set = set()           # buckets in flight whose second phase has started
         self._join_flag = False
         self._before: Optional[Tuple[dict, dict]] = None  # the residuals as this step found them
         # statistics: recorded by the reducers and the plain path; a traced step's as a template
