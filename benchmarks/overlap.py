@@ -38,7 +38,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import breakdown  # noqa: E402
 import slowlink  # noqa: E402
-from tta import CLIP, LO_TX, PEAK_LR, SEED, SIZES  # noqa: E402
+from tta import LO_TX, PEAK_LR, SEED, SIZES, train_step  # noqa: E402
 
 RES = os.path.join(HERE, "results")
 SMALL = 512 * 1024  # bytes of float32 per bucket for the several-bucket runs
@@ -59,7 +59,6 @@ def methods():
 def worker(a):
     import numpy as np
     import torch
-    import torch.nn.functional as F
 
     import hvdp.torch as hvd
     sys.path.insert(0, os.path.join(os.path.dirname(HERE), "examples"))
@@ -72,6 +71,10 @@ def worker(a):
     torch.manual_seed(SEED)
     base = GPT(sz["layers"], sz["d_model"], sz["heads"], sz["context"])
     data, _ = stdlib_corpus()
+
+    def autocast():
+        return torch.autocast("cpu", dtype=torch.bfloat16)
+
     runs = []
     for label, codec, size, ov in methods():
         m = copy.deepcopy(base)
@@ -99,18 +102,7 @@ def worker(a):
             r = runs[j]                                                      # the same on every rank
             hvd.allreduce(torch.zeros(1), name="overlap.barrier")
             before, t0 = tx(), time.perf_counter()
-            r["opt"].zero_grad()
-            with torch.autocast("cpu", dtype=torch.bfloat16):
-                loss = F.cross_entropy(r["model"](x).float().flatten(0, 1), y.flatten())
-            loss.backward()
-            if r["label"] != "compute only":
-                r["opt"].synchronize()
-                torch.nn.utils.clip_grad_norm_(r["model"].parameters(), CLIP)
-                with r["opt"].skip_synchronize():
-                    r["opt"].step()
-            else:
-                torch.nn.utils.clip_grad_norm_(r["model"].parameters(), CLIP)
-                r["opt"].step()
+            train_step(r["opt"], r["model"], r["model"], x, y, autocast, r["label"] != "compute only")
             r["times"].append(time.perf_counter() - t0)
             hvd.allreduce(torch.zeros(1), name="overlap.barrier")  # both ranks' sends counted
             r["wire"].append((tx() - before) / hvd.size())

@@ -116,6 +116,27 @@ def lr_factor(s, T, W):
     return FLOOR + (1 - FLOOR) * 0.5 * (1 + math.cos(math.pi * min(1.0, (s - W) / max(1, T - W))))
 
 
+def train_step(opt, model, net, x, y, autocast, hvdp):
+    """One training step of the GPT: forward under ``autocast``, backward, the gradients' global
+    norm clipped (``net``: the module whose parameters they are), the optimizer's step; an hvdp
+    optimizer (``hvdp``) synchronizes first, so the clip sees the averaged gradients. -> loss."""
+    import torch
+    import torch.nn.functional as F
+    opt.zero_grad()
+    with autocast():
+        loss = F.cross_entropy(model(x).float().flatten(0, 1), y.flatten())
+    loss.backward()
+    if hvdp:
+        opt.synchronize()  # the averaged gradients in p.grad: clip the global norm
+        torch.nn.utils.clip_grad_norm_(net.parameters(), CLIP)
+        with opt.skip_synchronize():
+            opt.step()
+    else:  # DDP (averaged once backward returns) and "compute only" (no communication)
+        torch.nn.utils.clip_grad_norm_(net.parameters(), CLIP)
+        opt.step()
+    return loss
+
+
 class Run:
     """One method's independent training run: its model, optimizer, schedule and records."""
 
@@ -129,24 +150,11 @@ class Run:
             self.sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, size["T"], size["warmup"]))
 
     def train(self, x, y, autocast):
-        import torch
-        import torch.nn.functional as F
         if self.exchange is not None:  # "exchange only": the gradients' allreduce, no compute
             self.exchange()
             self.step += 1
             return 0.0
-        self.opt.zero_grad()
-        with autocast():
-            loss = F.cross_entropy(self.model(x).float().flatten(0, 1), y.flatten())
-        loss.backward()
-        if self.kind == "hvdp":
-            self.opt.synchronize()  # the averaged gradients in p.grad: clip the global norm
-            torch.nn.utils.clip_grad_norm_(self.net.parameters(), CLIP)
-            with self.opt.skip_synchronize():
-                self.opt.step()
-        else:  # DDP (averaged once backward returns) and "compute only" (no communication)
-            torch.nn.utils.clip_grad_norm_(self.net.parameters(), CLIP)
-            self.opt.step()
+        loss = train_step(self.opt, self.model, self.net, x, y, autocast, self.kind == "hvdp")
         self.sched.step()
         self.step += 1
         return loss.item()
