@@ -9,9 +9,12 @@ in its node's namespaces (host name, veth address), and (Gloo, static process se
 veth counters seen from outside must grow by the cross-node payload too, and `down` must leave
 nothing behind.
 """
+import json
 import os
 import re
+import subprocess
 import sys
+import time
 
 import pytest
 
@@ -80,17 +83,21 @@ def test_two_level_reduction(cluster, controller, args, env):
 TWO_LEVEL_KILL = os.path.join(ROOT, "tests", "parallel", "workers", "two_level_kill.py")
 
 
-def test_rank_killed_inside_two_level_reduction(cluster):
+def test_rank_killed_inside_two_level_reduction(cluster, tmp_path):
     """Rank 3 (node B) SIGKILLed with its int8 two-level reduction submitted. Before hvdp's patch
     of Horovod's shutdown (hvdp/install/recipe.py), every survivor aborted in C++ 0.2-0.4 s later
     ('terminate called after throwing an instance of gloo::IoException': negotiating the process
     sets' removal with the dead rank threw outside any handler). Now no rank aborts; horovodrun
     then stops the others (SIGTERM to the local ones, the ssh session of the remote one), and each
     local survivor says where it was (hvdp's Python error, or the flight recorder's last words
-    naming the collective it was in). The remote survivor's stop comes through ssh: it says
-    nothing (docs/correctness.md)."""
+    naming the collective it was in). The remote survivor (rank 2, beside the dead one) raises
+    hvdp's error too, but horovodrun has closed its ssh session by then (the rank goes on a moment
+    longer than horovodrun), so what it says reaches no terminal: its flight record keeps it, and
+    `python -m hvdp trace` shows it (checked here)."""
     c = cluster
-    r = c.run(c.horovodrun("gloo") + [sys.executable, TWO_LEVEL_KILL, "3"], timeout=JOB_TIMEOUT)
+    flight = tmp_path / "flight"
+    r = c.run(c.horovodrun("gloo") + [sys.executable, TWO_LEVEL_KILL, "3"], timeout=JOB_TIMEOUT,
+              env={"HVDP_FLIGHT_DIR": str(flight)})
     out = r.stdout
     assert r.returncode != 0 and "KILLING rank=3" in out, out[-6000:]
     assert "terminate called" not in out and "Aborted" not in out, out[-6000:]
@@ -99,3 +106,14 @@ def test_rank_killed_inside_two_level_reduction(cluster):
         stopped = re.search(rf"hvdp: rank {rank} ended by SIGTERM in hvdp\.opt0\.\S+ #\d+ \(\w+, (started|failed)\)",
                             out)
         assert raised or stopped, (rank, out[-6000:])
+    deadline = time.monotonic() + 30  # the remote survivor outlives horovodrun (its ssh session
+    while not (flight / "rank-2.json").exists() and time.monotonic() < deadline:  # is gone)
+        time.sleep(0.5)
+    dumps = {p.name: json.loads(p.read_text()) for p in flight.glob("rank-*.json")}
+    assert "rank-3.json" not in dumps and "rank-2.json" in dumps, (sorted(dumps), out[-6000:])
+    why = dumps["rank-2.json"]["reasons"][0]["reason"]
+    assert "hvdp: rank 2 saw Horovod shut down" in why, why
+    t = subprocess.run([sys.executable, "-m", "hvdp", "trace", str(flight)], capture_output=True,
+                       text=True, cwd=ROOT, timeout=60)
+    assert t.returncode == 1 and "hvdp: rank 2 saw Horovod shut down" in t.stdout, t.stdout + t.stderr
+    assert re.search(r"no dump \(killed.*: rank 3$", t.stdout, re.M), t.stdout
