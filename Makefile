@@ -71,7 +71,7 @@ bad-network: setup
 
 # The long kill loop (issue 37): 20 SIGKILLs of random workers in one elastic job, hvdp.torch int8
 # (writing checkpoints) and hvdp.keras int4, each beside the same job without kills; about 25 min.
-# `make test` runs 5 kills with hvdp.torch and 3 with hvdp.keras, some at chosen moments (tests/parallel/test_kill_loop.py).
+# `make test` runs 5 kills with hvdp.torch, 3 with hvdp.keras and 2 with auto (one inside its trial), some at chosen moments (tests/parallel/test_kill_loop.py).
 .PHONY: kill-loop
 kill-loop: setup
 	$(PY) tests/parallel/kill_loop.py --kills 20 --compression int8 --checkpoint-every 7

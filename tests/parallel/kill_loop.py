@@ -149,10 +149,15 @@ def run(work, kills, seed=0, compression="int8", script="torch_elastic.py", env_
     """Run the job, killing a worker ``kills`` times; each kill waits until three workers commit
     again, then ``min_gap``..``max_gap`` more commits. Kill i is a SIGKILL from outside at a random
     moment, or, where ``moments[i]`` names one (workers/kill_at.py: "phase2", "commit",
-    "checkpoint"), the worker armed for it kills itself there. -> dict of the results."""
+    "checkpoint"; "trial" as the first kill of a ``compression="auto"`` job, armed at the start),
+    the worker armed for it kills itself there. -> dict of the results."""
     hosts, why = three_hosts()
     if hosts is None:
         raise RuntimeError(f"the kill loop needs three local host names: {why}")
+    if "trial" in moments[1:] or (moments[:1] == ["trial"] and compression != "auto"):
+        raise ValueError("the 'trial' moment is the first kill of a compression='auto' job only (auto's "
+                         "trial runs after the first step's probe; a later one is not waited for)")
+    trial_first = moments[:1] == ["trial"]
     os.makedirs(work, exist_ok=True)
     log_dir = os.path.join(work, "logs")
     os.makedirs(log_dir, exist_ok=True)
@@ -197,7 +202,13 @@ def run(work, kills, seed=0, compression="int8", script="torch_elastic.py", env_
                 if k is not None and "saw" not in k and last["t"] > k["t"] and last["size"] < 3:
                     # the survivors' first step after the reset; their dumps are fresh
                     k["saw"] = survivors_failed_in(flight_dir, k["t"], last["t"])
-                if len(done_kills) < kills and last is not None and last["size"] == 3 and \
+                if trial_first and not done_kills and not os.listdir(arm_dir):
+                    workers = live_workers(log_dir)  # auto's first trial follows the first step's
+                    if len(workers) >= 3:  # probe: arm one worker before it (then its steps)
+                        tag, _ = rng.choice(workers)
+                        with open(os.path.join(arm_dir, "arm-" + tag), "w") as f:
+                            f.write("trial")
+                elif len(done_kills) < kills and last is not None and last["size"] == 3 and \
                         (not done_kills or last["t"] > done_kills[-1]["t"]):
                     if next_at is None:
                         next_at = done + rng.randint(min_gap, max_gap)
@@ -255,7 +266,8 @@ def main():
     p.add_argument("--checkpoint-every", type=int, default=0, help="torch_elastic.py: save a checkpoint so often")
     p.add_argument("--work", default=None)
     p.add_argument("--moments", default="", help="comma-separated, for the first kills: phase2, commit, "
-                   "checkpoint (with --checkpoint-every), <moment>@<rank>; the rest are random")
+                   "checkpoint (with --checkpoint-every), trial (first, with --compression auto), "
+                   "<moment>@<rank>; the rest are random")
     args = p.parse_args()
     env = {"KERAS_BACKEND": args.backend} if args.backend else {}
     epochs = args.epochs or 2 * args.kills + 2  # a kill, its recovery and the host's return: ~40 commits

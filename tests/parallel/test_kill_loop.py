@@ -1,7 +1,8 @@
 """The kill loop (tests/parallel/kill_loop.py) in short: SIGKILLs in one elastic job, some at
 moments chosen (workers/kill_at.py: a two-phase reduction between its phases, inside an elastic
 commit, inside a checkpoint write), the rest of a random worker at a random moment. int8 with
-hvdp.torch (writing checkpoints as it goes: 5 kills) and int4 with hvdp.keras (3 kills);
+hvdp.torch (writing checkpoints as it goes: 5 kills), int4 with hvdp.keras (3 kills) and auto
+with hvdp.torch (a kill inside its trial, then one at random);
 ``make kill-loop`` runs the long one (20 random kills)."""
 import os
 
@@ -83,3 +84,20 @@ def test_kill_loop_keras_int4(tmp_path):
                          epochs=epochs, timeout=400, moments=moments)
     final = check_run(res, epochs, moments)
     assert final["test_accuracy"] >= 0.9, final
+
+
+@pytest.mark.timeout(900)
+def test_kill_loop_torch_auto_inside_the_trial(tmp_path):
+    """compression="auto": the first kill inside auto's trial (a worker killed at a step that times
+    the probe's int8 proposal; workers/kill_at.py forces that proposal, as this model's probe on
+    loopback proposes none and then runs no trial), then one at random. The survivors probe and
+    run the trial again after each reset."""
+    hosts, why = kl.three_hosts()
+    if hosts is None:
+        pytest.skip(why)
+    epochs = 4
+    moments = ["trial", "random"]
+    res = run_with_retry(tmp_path, len(moments), seed=3, compression="auto", epochs=epochs, timeout=400,
+                         moments=moments)
+    final = check_run(res, epochs, moments)
+    assert final["test_accuracy"] >= 0.8, final  # it trained (0.92 seen; chance 0.1): 4 epochs only

@@ -11,10 +11,16 @@ tag) and SIGKILLs itself. The moments:
   commit      inside an elastic ``state.commit()``: the state saved, the host check not yet made
   checkpoint  inside ``hvd.save_checkpoint``: half the file's bytes in its temporary file (only the
               rank that writes, rank 0, gets there; the loop arms every worker)
+  trial       inside ``compression="auto"``'s trial (hvdp.reduce.chooser), at the start of a step
+              that times the probe's proposal (after the uncompressed plan's steps; the others go
+              on into the step's reductions and the trial's verdict is never reached)
 
-Test-only: it patches hvdp's recorded collectives, Horovod's ``State.commit`` and ``torch.save``
-in this process, then runs SCRIPT as ``__main__``.
+Test-only: it patches hvdp's recorded collectives, the auto chooser, Horovod's ``State.commit``
+and ``torch.save`` in this process, then runs SCRIPT as ``__main__``. With ``compression="auto"``
+the probe's proposal is forced to int8 for every bucket (on loopback this small model's probe
+proposes no compression, and then no trial runs); the probe and the trial's timings stay real.
 """
+import dataclasses
 import io
 import json
 import os
@@ -78,6 +84,25 @@ def patch_phase2():
     Recorded.allgather_async = allgather_async
 
 
+def patch_trial():
+    from hvdp.reduce import chooser
+    decide, ensure = chooser.decide, chooser.Chooser.ensure
+
+    def int8_proposal(buckets, candidates, table, margin=0.05):
+        out = decide(buckets, candidates, table, margin)
+        int8 = next((c for c in candidates if c.name == "int8"), None)
+        if int8 is None or table.world <= 1:
+            return out
+        return {b: dataclasses.replace(c, codec=int8) for b, c in out.items()}
+
+    def ensure_then_kill(self, *args, **kwargs):
+        ensure(self, *args, **kwargs)
+        if self.phase is not None and self.phase >= 1 and armed("trial"):
+            fire("trial")
+    chooser.decide = int8_proposal
+    chooser.Chooser.ensure = ensure_then_kill
+
+
 def patch_commit():
     from horovod.common.elastic import State
     commit = State.commit
@@ -123,6 +148,7 @@ if __name__ == "__main__":
     if os.path.basename(script).startswith("torch"):
         patch_checkpoint()
     patch_phase2()
+    patch_trial()
     patch_commit()
     sys.argv = sys.argv[2:]
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
