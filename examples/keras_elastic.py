@@ -6,9 +6,16 @@
 Same audit log as examples/torch_elastic.py with ``--log-dir``. Runs on Keras's TensorFlow backend
 (the step traced by tf.function) and its torch backend (``KERAS_BACKEND=torch``: the step eager,
 as Keras's own torch trainer does it).
+
+With ``--outer-every H``, outer steps (``hvd.OuterOptimizer``: DiLoCo, inner SGD with a fixed lr)
+instead of a gradient exchange every step, as in examples/torch_elastic.py: every commit carries
+the outer state, after a reset every worker restarts from the global parameters, and the model
+evaluated at the end is the global one. ``--die-at N`` (tests): the worker on ``--die-host``
+kills itself (SIGKILL) right after committing step N.
 """
 import argparse
 import os
+import signal
 import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -21,7 +28,7 @@ from sklearn.model_selection import train_test_split  # noqa: E402
 import hvdp.keras as hvd  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from elastic_audit import AuditLog, end_step  # noqa: E402
+from elastic_audit import AuditLog, digest, end_step  # noqa: E402
 
 
 def main():
@@ -32,7 +39,11 @@ def main():
     p.add_argument("--compression", default="int8")
     p.add_argument("--log-dir")
     p.add_argument("--step-sleep", type=float, default=0.0)
+    p.add_argument("--outer-every", type=int, default=0, help="H: outer steps every H inner steps (0: off)")
+    p.add_argument("--die-at", type=int, default=0, help="commit after which the worker on --die-host dies")
+    p.add_argument("--die-host", default="127.0.0.1")
     args = p.parse_args()
+    dies = args.die_at and os.environ.get("HOROVOD_HOSTNAME") == args.die_host
 
     hvd.init()
     if keras.backend.backend() == "tensorflow":
@@ -48,16 +59,28 @@ def main():
                                           random_state=0, stratify=y)
     model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(256, activation="relu"),
                               keras.layers.Dense(256, activation="relu"), keras.layers.Dense(10)])
-    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(args.lr * hvd.size(), momentum=0.9),
-                                   compression=args.compression)
+    if args.outer_every:  # inner steps are local: their lr does not scale with the workers
+        opt = hvd.OuterOptimizer(keras.optimizers.SGD(args.lr, momentum=0.9), sync_every=args.outer_every,
+                                 compression=args.compression)
+    else:
+        opt = hvd.DistributedOptimizer(keras.optimizers.SGD(args.lr * hvd.size(), momentum=0.9),
+                                       compression=args.compression)
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="sum")
     sampler = hvd.elastic.ElasticSampler(len(xtr), args.batch_size, seed=0)
     state = hvd.elastic.KerasState(model, opt, sampler=sampler, epoch=0, commits=0)
     log = AuditLog(args.log_dir)
 
+    def outer_record():
+        loop = opt.outer if args.outer_every else None
+        if loop is None:
+            return None
+        return {"outer": {"step": loop.step, "outer_steps": list(loop.outer_steps),
+                          "globals": digest([keras.ops.convert_to_numpy(g) for g in loop.globals])}}
+
     @hvd.elastic.run
     def train(state):
-        opt.learning_rate.assign(args.lr * hvd.size())
+        if not args.outer_every:
+            opt.learning_rate.assign(args.lr * hvd.size())
         step = make_step(model, opt, loss_fn)  # made here: traced again after every reset (TF)
 
         while state.epoch < args.epochs:
@@ -67,17 +90,24 @@ def main():
                     (xtr[:1], ytr[:1], np.zeros(1, "float32"))
                 loss_sum = float(step(xb, yb, w))
                 block = hvd.allgather_object((list(map(int, idx)), loss_sum))
-                end_step(state, block, hvd.size(), log, args.step_sleep)
+                end_step(state, block, hvd.size(), log, args.step_sleep, outer_record())
+                if dies and state.commits == args.die_at:
+                    os.kill(os.getpid(), signal.SIGKILL)
             state.epoch += 1
             state.sampler.set_epoch(state.epoch)
             state.commit()
 
     train(state)
-    acc = float(np.mean(np.argmax(model.predict(xte, verbose=0), 1) == yte))
-    log.final(model.get_weights(), hvd.size(), acc)
+    if args.outer_every:  # the global parameters (the inner steps since the last sync are local)
+        for v, g in zip(model.trainable_variables, opt.outer.globals):
+            v.assign(keras.ops.cast(g, v.dtype))
+    out = model.predict(xte, verbose=0)
+    acc = float(np.mean(np.argmax(out, 1) == yte))
+    test_loss = float(keras.losses.SparseCategoricalCrossentropy(from_logits=True)(yte, out))
+    log.final(model.get_weights(), hvd.size(), acc, test_loss=test_loss, **(outer_record() or {}))
     if hvd.rank() == 0:
         print(f"done: {args.epochs} epochs, {state.commits} committed steps, {hvd.size()} workers at the end, "
-              f"test accuracy {acc:.4f}", flush=True)
+              f"test accuracy {acc:.4f}, test loss {test_loss:.4f}", flush=True)
 
 
 def make_step(model, opt, loss_fn):

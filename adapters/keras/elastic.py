@@ -5,8 +5,14 @@ Horovod's ``TensorFlowKerasState`` is tf-keras 2 only. Rule after a resize, as i
 a residual is kept where its layout is unchanged and restarts from zero otherwise; a traced
 train step must be traced again (the bucket layout depends on the number of workers), so make
 the ``tf.function`` inside the function given to ``run`` (TensorFlow backend).
+
+An ``hvd.OuterOptimizer`` goes through a reset as in hvdp.torch (docs/outer-steps.md, "Elastic
+training"): a commit saves its outer state (global parameters, outer momentum, step counters,
+this rank's residuals; a fragment in flight as not synced); ``sync`` gives every rank rank 0's
+outer state and inner optimizer state, and every rank restarts from the global parameters.
 """
 import keras
+import numpy as np
 from horovod.common.elastic import ObjectState
 
 from hvdp.cluster.elastic import ElasticOrder
@@ -14,7 +20,7 @@ from hvdp.cluster.elastic import ElasticOrder
 from .backend import BACKEND as B
 from .elastic_callbacks import CommitStateCallback, UpdateBatchStateCallback, UpdateEpochStateCallback  # noqa: F401
 from .functions import broadcast_variables
-from .state import state_of
+from .state import outer_of, state_of
 
 _hvd = B.hvd
 
@@ -67,23 +73,35 @@ class KerasState(ObjectState):
     def _reducer(self):
         return state_of(self.optimizer)
 
+    def _outer(self):
+        return outer_of(self.optimizer)
+
     def _snapshot(self):
-        red = self._reducer()
+        red, outer = self._reducer(), self._outer()
         return ([keras.ops.convert_to_numpy(v) for v in self._shared_variables()],
                 red.residual_state() if red is not None else None,
-                self.sampler.state_dict() if self.sampler is not None else None)
+                self.sampler.state_dict() if self.sampler is not None else None,
+                _host(outer.loop.state(drop_in_flight=True)) if outer is not None and outer.loop is not None
+                else None)
 
     def save(self):
         self._saved_vars = self._snapshot()
         super().save()
 
     def restore(self):
-        values, residuals, sampler = self._saved_vars
+        values, residuals, sampler, outer_state = self._saved_vars
         for v, x in zip(self._shared_variables(), values):
             v.assign(x)
         red = self._reducer()
         if red is not None and residuals is not None:
             red.load_residual_state(residuals)
+        outer = self._outer()
+        if outer is not None:
+            outer.abort()
+            if outer_state is None:  # committed before the first step
+                outer.forget()
+            else:  # a copy: the loaded tensors may share the saved arrays' memory (torch backend)
+                outer.restore(_host(outer_state))
         if sampler is not None:
             self.sampler.load_state_dict(sampler)
         super().restore()
@@ -94,6 +112,9 @@ class KerasState(ObjectState):
         red = self._reducer()
         if red is not None:
             red.relayout()
+        outer = self._outer()
+        if outer is not None:
+            outer.relayout()
 
     def sync(self):
         self._ensure_built()
@@ -101,13 +122,58 @@ class KerasState(ObjectState):
         red = self._reducer()
         if red is not None and red.plan is not None:  # new workers may differ from the old ones
             red.check_agreement()
+        outer = self._outer()
+        if outer is not None:
+            outer.abort()
+            if outer.loop is not None and outer.loop.in_flight:  # a reset right after commit()
+                self.restore()
         broadcast_variables(self._shared_variables(), root_rank=0)
+        if outer is not None:
+            self._sync_outer(outer)
         if self.sampler is not None:
             self.sampler.load_state_dict(_hvd.broadcast_object(self.sampler.state_dict(), root_rank=0))
         super().sync()
         # what a later restore() goes back to is the synced state, as in Horovod (it saves after
         # its broadcast): else a rank would restore its own pre-sync weights and differ from rank 0
         self._saved_vars = self._snapshot()
+
+
+    def _sync_outer(self, outer):
+        """Rank 0's outer state on every rank (this rank's residuals kept where their layout is
+        unchanged), and every rank's variables set to the global parameters. A rank without a
+        loop yet (a new worker) makes it from the model's trainable variables first."""
+        loop = outer.loop
+        shared = None
+        if loop is not None:  # rank 0's is the one that counts
+            shared = {k: v for k, v in _host(loop.state(drop_in_flight=True)).items() if k != "engines"}
+            shared["engine_steps"] = [e.step for e in outer.engines]
+        shared = _hvd.broadcast_object(shared, root_rank=0, name="hvdp.outer.elastic.state")
+        if shared is None:  # rank 0 has not stepped yet: nor has anyone
+            outer.forget()
+            return
+        if loop is None:  # a new rank: residuals from zero
+            outer.build(self.model.trainable_variables)
+            own = [{"step": 0, "reducer": None} for _ in outer.engines]
+        else:
+            own = _host([e.state() for e in outer.engines])
+        for st, step in zip(own, shared.pop("engine_steps")):  # rank 0's count (a policy warm-up
+            st["step"] = step  # must end on every rank at once)
+        outer.check_agreement()
+        outer.restore(dict(shared, engines=own))
+        for v, g in zip(outer.variables, outer.loop.globals):
+            v.assign(keras.ops.cast(g, v.dtype))
+
+
+def _host(x):
+    """A copy of ``x`` with every array and tensor as a numpy array (a saved state that later
+    steps cannot change)."""
+    if isinstance(x, dict):
+        return {k: _host(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_host(v) for v in x]
+    if x is None or isinstance(x, (bool, int, float, str)):
+        return x
+    return np.array(keras.ops.convert_to_numpy(x), copy=True)
 
 
 class TensorFlowKerasState(KerasState):

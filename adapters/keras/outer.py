@@ -61,13 +61,27 @@ class KerasOuter:
         start: a broadcast callback may run only after this step) and the loop made from them."""
         if self.loop is not None:
             return
-        self.variables = list(variables)
-        names = [getattr(v, "path", None) or v.name for v in self.variables]
-        B.broadcast_variables(self.variables + self.buffers, names + [f"buffer.{i}" for i in range(len(self.buffers))],
+        variables = list(variables)
+        names = self._names(variables)
+        B.broadcast_variables(variables + self.buffers, names + [f"buffer.{i}" for i in range(len(self.buffers))],
                               0, self.process_set)
+        self.build(variables)
+        if self.pending is not None:
+            self.restore(self.pending)
+        self._mark()
+
+    @staticmethod
+    def _names(variables):
+        return [getattr(v, "path", None) or v.name for v in variables]
+
+    def build(self, variables) -> None:
+        """The fragments' engines and the loop, from ``variables`` as they are (no collective)."""
+        self.variables = list(variables)
+        names = self._names(self.variables)
         self.fragments = split([int(keras.ops.size(v)) for v in self.variables], self.settings.fragments)
         comm = self.comm
         rs = self.reduce_settings
+        self.engines = []
         for f, idx in enumerate(self.fragments):
             plain = KerasPlain(comm, rs.op, rs.predivide, rs.sparse_as_dense, self.hvd_compressor)
             eng = Engine(rs, B.ops, comm, plain, allgather_fixed(self.process_set), versions=VERSIONS,
@@ -76,9 +90,29 @@ class KerasOuter:
                            tensors=variable_entries(self.variables, names) if f == 0 else None)
             self.engines.append(eng)
         self.loop = OuterLoop(self.settings, B.ops, self.engines, self.fragments, self._values(), active=self._active)
-        if self.pending is not None:
-            self.restore(self.pending)
-        self._mark()
+
+    def forget(self) -> None:
+        """Back to before the first step (an elastic state committed before it): the next step
+        takes rank 0's variables and makes the loop again."""
+        self.variables, self.fragments, self.engines, self.loop, self.pending = None, None, [], None, None
+        if self.warming is not None:
+            self.warming.set(True)
+
+    def abort(self) -> None:
+        """Drop a failed sync's reductions (an elastic reset: Horovod's handles are gone)."""
+        for eng in self.engines:
+            eng.abort()
+
+    def relayout(self) -> None:
+        """The engines' residual stores at the current number of workers (after a resize)."""
+        for eng in self.engines:
+            eng.relayout()
+
+    def check_agreement(self) -> None:
+        """The ranks-agree check of the first fragment's engine (every tensor of the optimizer,
+        the outer settings): after an elastic reset, as a new worker may differ."""
+        if self.engines:
+            self.engines[0].check(variable_entries(self.variables, self._names(self.variables)))
 
     def _mark(self) -> None:
         """The warm-up switch from the loop: on while the next step is a warm-up step."""
@@ -192,6 +226,12 @@ class _Outer:
 
     def compression_stats(self) -> dict:
         return outer_of(self).compression_stats()
+
+    @property
+    def outer(self):
+        """The outer loop (``hvdp.outer.OuterLoop``: ``globals``, ``step``, ``outer_steps``,
+        ``in_flight``), as ``opt.outer`` in hvdp.torch; None before the first step."""
+        return outer_of(self).loop
 
 
 def OuterOptimizer(optimizer, sync_every=None, outer_lr=0.7, outer_momentum=0.9, nesterov=True, compression="none",
