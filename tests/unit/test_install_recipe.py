@@ -22,6 +22,7 @@ SDIST_LINES = {  # the lines of Horovod 0.28.1's sources that the patches rewrit
                                     "    horovod_global.process_set_table.Finalize(global_gloo_context,\n"
                                     "                                              SHUT_DOWN_ERROR);\n  }\n"
                                     "#endif // HAVE_GLOO\n",
+    "horovod/common/util.py": "EXTENSIONS = ['tensorflow', 'torch', 'mxnet']\n",
 }
 
 
@@ -48,7 +49,7 @@ def test_cxx_standard_follows_torch_version():
 
 def test_patches_rewrite_the_sdist_lines_and_fail_loudly_elsewhere():
     every = patches([Framework("torch", "2.14.1", "13.0"), Framework("tensorflow", "2.21.0")])
-    assert len(every) == 5
+    assert len(every) == 6
     for p in every:
         out = apply_patch(SDIST_LINES[p.path], p)
         assert out != SDIST_LINES[p.path]
@@ -62,6 +63,9 @@ def test_patches_rewrite_the_sdist_lines_and_fail_loudly_elsewhere():
     cpu = [p for p in every if p.path.endswith("FindPytorch.cmake")][0]
     assert apply_patch(SDIST_LINES[cpu.path], cpu).endswith(
         'string(TOUPPER "${Pytorch_CUDA}" Pytorch_CUDA)\nset(Pytorch_CUDA FALSE)\n')
+    # horovodrun's build probe (gloo_built, mpi_built): the torch extension first (faster to import)
+    util = [p for p in every if p.path == "horovod/common/util.py"][0]
+    assert apply_patch(SDIST_LINES[util.path], util) == "EXTENSIONS = ['torch', 'tensorflow', 'mxnet']\n"
     gpu = patches([Framework("torch", "2.14.1", "13.0")], gpu=True)
     assert not any(p.path.endswith("FindPytorch.cmake") for p in gpu)
     with pytest.raises(InstallError, match="not found in CMakeLists.txt"):
