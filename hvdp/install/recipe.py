@@ -63,6 +63,11 @@ def _gnu_major(cxx_version: Optional[str]) -> int:
     return int(m.group(1)) if m else 0
 
 
+GLOO_INIT_FAILED = (r"    } catch (const std::exception& ex) {\n"
+                    r'      LOG(ERROR) << "Horovod could not be initialized (Gloo): " << ex.what();\n'
+                    r"      state.initialization_failed = true;\n      return;\n    }\n")
+
+
 def patches(frameworks: Iterable[Framework], gpu: bool = False,
             cxx_version: Optional[str] = None) -> Tuple[Patch, ...]:
     """The source changes for these frameworks and compiler (each pattern must match the sdist)."""
@@ -94,6 +99,29 @@ def patches(frameworks: Iterable[Framework], gpu: bool = False,
                      "there escaped every handler and aborted each survivor in C++ (std::terminate) before "
                      "Python saw an error. Caught: the pending operations end with Horovod's shut-down "
                      "error, which hvdp reports"))
+    out.append(Patch("horovod/common/operations.cc",
+                     r"^(  \{\n)    global_gloo_context\.Initialize\(ParseGlooIface\(\)\);\n(  \}\n)"
+                     r"(  if \(state\.control_operation == LibType::GLOO\) \{\n    // Initializes global controller\n)"
+                     r"    state\.process_set_table\.Initialize\(global_gloo_context\);\n(  \}\n)",
+                     r"\1    try {\n      global_gloo_context.Initialize(ParseGlooIface());\n" + GLOO_INIT_FAILED + r"\2"
+                     r"\3    try {\n      state.process_set_table.Initialize(global_gloo_context);\n"
+                     + GLOO_INIT_FAILED + r"\4",
+                     "a worker whose Gloo rendezvous fails (an elastic job's restarted worker timing out on "
+                     "its peers) threw from the background thread's start, outside every handler, and the "
+                     "process aborted in C++; caught: hvd.init() then raises Horovod's 'initialization "
+                     "failed' error, after the log line 'Horovod could not be initialized (Gloo): <cause>'"))
+    out.append(Patch("third_party/gloo/gloo/transport/tcp/pair.cc",
+                     r"^(  if \(state_ == CONNECTED\) \{\n)    handleReadWrite\(events\);\n(    return;\n  \}\n)",
+                     r"\1    try {\n      handleReadWrite(events);\n"
+                     r"    } catch (const ::gloo::EnforceNotMet& ex) {\n"
+                     r"      if (ex_ == nullptr) {\n"
+                     r'        signalException(GLOO_ERROR_MSG("unexpected data from ", peer_.str(), ": ", ex.what()));\n'
+                     r"      }\n    }\n\2",
+                     "under repeated kills a survivor's Gloo transport thread met a message it did not expect "
+                     "(an enforce in the read path, e.g. 'op.preamble.length <= op.nbytes. 8 vs 4') and "
+                     "threw outside every handler: the process aborted in C++. Caught: the connection fails "
+                     "as on a reset by the peer, its pending operations end with that error, and Horovod's "
+                     "shutdown error reaches Python (an elastic job then recovers)"))
     out.append(Patch("horovod/common/util.py", r"^EXTENSIONS = \['tensorflow', 'torch', 'mxnet'\]$",
                      "EXTENSIONS = ['torch', 'tensorflow', 'mxnet']",
                      "horovodrun asks whether Horovod was built with Gloo (or MPI) on every launch by "

@@ -46,3 +46,27 @@ def test_main_job_reaches_accuracy(tmp_path):
     got = json.loads(res.read_text())
     assert got["size"] == 2 and got["test_accuracy"] >= 0.90, got
     assert got["wire_ratio"] < 0.5, got  # most bytes are int8-compressed
+
+
+def test_a_failed_gloo_rendezvous_is_a_python_error():
+    """A worker whose Gloo rendezvous fails (here: the rendezvous address refuses connections, as
+    for an elastic job's restarted worker whose peers are gone) gets a Python error from
+    hvd.init() after Horovod's log line naming the cause, not a C++ abort: Horovod 0.28.1 threw
+    from its background thread's start outside every handler (std::terminate, exit -6);
+    hvdp's build recipe catches it there (hvdp/install/recipe.py)."""
+    import socket
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, HOROVOD_CONTROLLER="gloo", HOROVOD_CPU_OPERATIONS="gloo", HOROVOD_GLOO_IFACE="lo",
+               HOROVOD_GLOO_RENDEZVOUS_ADDR="127.0.0.1", HOROVOD_GLOO_RENDEZVOUS_PORT=str(port),
+               HOROVOD_RANK="0", HOROVOD_SIZE="2", HOROVOD_LOCAL_RANK="0", HOROVOD_LOCAL_SIZE="2",
+               HOROVOD_CROSS_RANK="0", HOROVOD_CROSS_SIZE="1", HOROVOD_HOSTNAME="localhost",
+               HOROVOD_GLOO_TIMEOUT_SECONDS="3")
+    code = ("import hvdp.torch as hvd\ntry:\n    hvd.init()\nexcept ValueError as e:\n"
+            "    print('PYTHON ERROR', e)\n    raise SystemExit(3)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
+    out = r.stdout + r.stderr
+    assert "terminate called" not in out and r.returncode == 3, (r.returncode, out[-3000:])
+    assert "PYTHON ERROR Horovod initialization failed" in out, out[-3000:]
+    assert "Horovod could not be initialized (Gloo)" in out, out[-3000:]

@@ -18,11 +18,17 @@ SDIST_LINES = {  # the lines of Horovod 0.28.1's sources that the patches rewrit
                                        'string(TOUPPER "${Pytorch_CUDA}" Pytorch_CUDA)\n',
     "horovod/common/group_table.h": "#include <queue>\n#include <unordered_map>\n#include <vector>\n",
     "horovod/common/common.h": "#include <memory>\n#include <string>\n#include <unordered_map>\n",
-    "horovod/common/operations.cc": "#if HAVE_GLOO\n  if (state.control_operation == LibType::GLOO) {\n"
+    "horovod/common/operations.cc": "  {\n    global_gloo_context.Initialize(ParseGlooIface());\n  }\n"
+                                    "  if (state.control_operation == LibType::GLOO) {\n"
+                                    "    // Initializes global controller\n"
+                                    "    state.process_set_table.Initialize(global_gloo_context);\n  }\n"
+                                    "#if HAVE_GLOO\n  if (state.control_operation == LibType::GLOO) {\n"
                                     "    horovod_global.process_set_table.Finalize(global_gloo_context,\n"
                                     "                                              SHUT_DOWN_ERROR);\n  }\n"
                                     "#endif // HAVE_GLOO\n",
     "horovod/common/util.py": "EXTENSIONS = ['tensorflow', 'torch', 'mxnet']\n",
+    "third_party/gloo/gloo/transport/tcp/pair.cc": "  if (state_ == CONNECTED) {\n    handleReadWrite(events);\n"
+                                                   "    return;\n  }\n",
 }
 
 
@@ -49,7 +55,7 @@ def test_cxx_standard_follows_torch_version():
 
 def test_patches_rewrite_the_sdist_lines_and_fail_loudly_elsewhere():
     every = patches([Framework("torch", "2.14.1", "13.0"), Framework("tensorflow", "2.21.0")])
-    assert len(every) == 6
+    assert len(every) == 8
     for p in every:
         out = apply_patch(SDIST_LINES[p.path], p)
         assert out != SDIST_LINES[p.path]
@@ -63,6 +69,15 @@ def test_patches_rewrite_the_sdist_lines_and_fail_loudly_elsewhere():
     cpu = [p for p in every if p.path.endswith("FindPytorch.cmake")][0]
     assert apply_patch(SDIST_LINES[cpu.path], cpu).endswith(
         'string(TOUPPER "${Pytorch_CUDA}" Pytorch_CUDA)\nset(Pytorch_CUDA FALSE)\n')
+    # a failed Gloo rendezvous at start-up: hvd.init() fails in Python instead of an abort
+    init = [p for p in every if p.path.endswith("operations.cc") and "initialized (Gloo)" in p.replacement][0]
+    started = apply_patch(SDIST_LINES[init.path], init)
+    assert started.count("try {") == 2 and started.count("state.initialization_failed = true;\n      return;") == 2
+    # an unexpected message in Gloo's transport thread fails the connection instead of aborting
+    pair = [p for p in every if p.path.endswith("pair.cc")][0]
+    read = apply_patch(SDIST_LINES[pair.path], pair)
+    assert read.index("try {") < read.index("handleReadWrite(events)") < read.index("catch (const ::gloo::EnforceNotMet")
+    assert "signalException(" in read and read.endswith("    }\n    return;\n  }\n")
     # horovodrun's build probe (gloo_built, mpi_built): the torch extension first (faster to import)
     util = [p for p in every if p.path == "horovod/common/util.py"][0]
     assert apply_patch(SDIST_LINES[util.path], util) == "EXTENSIONS = ['torch', 'tensorflow', 'mxnet']\n"
