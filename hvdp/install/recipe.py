@@ -103,7 +103,8 @@ def patches(frameworks: Iterable[Framework], gpu: bool = False,
                      r"^(  \{\n)    global_gloo_context\.Initialize\(ParseGlooIface\(\)\);\n(  \}\n)"
                      r"(  if \(state\.control_operation == LibType::GLOO\) \{\n    // Initializes global controller\n)"
                      r"    state\.process_set_table\.Initialize\(global_gloo_context\);\n(  \}\n)",
-                     r"\1    try {\n      global_gloo_context.Initialize(ParseGlooIface());\n" + GLOO_INIT_FAILED + r"\2"
+                     r"\1    try {\n      global_gloo_context.Initialize(ParseGlooIface());\n"
+                     + GLOO_INIT_FAILED + r"\2"
                      r"\3    try {\n      state.process_set_table.Initialize(global_gloo_context);\n"
                      + GLOO_INIT_FAILED + r"\4",
                      "a worker whose Gloo rendezvous fails (an elastic job's restarted worker timing out on "
@@ -115,7 +116,8 @@ def patches(frameworks: Iterable[Framework], gpu: bool = False,
                      r"\1    try {\n      handleReadWrite(events);\n"
                      r"    } catch (const ::gloo::EnforceNotMet& ex) {\n"
                      r"      if (ex_ == nullptr) {\n"
-                     r'        signalException(GLOO_ERROR_MSG("unexpected data from ", peer_.str(), ": ", ex.what()));\n'
+                     r'        signalException(GLOO_ERROR_MSG("unexpected data from ", peer_.str(), ": ", '
+                     r'ex.what()));\n'
                      r"      }\n    }\n\2",
                      "under repeated kills a survivor's Gloo transport thread met a message it did not expect "
                      "(an enforce in the read path, e.g. 'op.preamble.length <= op.nbytes. 8 vs 4') and "
