@@ -34,7 +34,9 @@ from __future__ import annotations
 
 import atexit
 import json
+import os
 import sys
+import threading
 import time
 from contextlib import contextmanager
 from typing import Callable, Iterator, List, Optional
@@ -45,6 +47,8 @@ from .reports import explain, is_consequence, make_report, parse_reports
 from ..config import elastic_mode
 
 LINGER_S = 3.0          # the adapters' default linger of a failed rank (not elastic)
+SHUTDOWN_S = 20.0       # a failed rank's own Horovod shutdown not back by then is stuck: the process
+                        # ends (seen once under MPI: the job hung until its launcher was killed)
 DONE_SLACK_S = 30       # a "done" mark this much older than the failing rank's report is stale
 
 
@@ -68,14 +72,20 @@ class FailureReporter:
         shutdown: shuts Horovod down (a failing rank calls it before it lingers).
         linger_s: how long a rank whose uncaught error was reported waits for the others' "done"
             marks before it exits (0: no wait; elastic jobs reset instead of stopping).
+        shutdown_s: how long that rank's own call of ``shutdown`` may take before it is taken as
+            stuck and the process ends at once (``os._exit(1)``, after saying so), so that the
+            launcher stops the others instead of the job hanging.
     """
 
     def __init__(self, get_rank: Callable[[], int], board=None, wait_s: float = 1.0,
                  get_size: Optional[Callable[[], int]] = None,
-                 shutdown: Optional[Callable[[], None]] = None, linger_s: float = 0.0):
+                 shutdown: Optional[Callable[[], None]] = None, linger_s: float = 0.0,
+                 shutdown_s: float = SHUTDOWN_S):
         # settings
         self._get_rank, self._board, self.wait_s = get_rank, board, wait_s
         self._get_size, self._shutdown, self.linger_s = get_size, shutdown, linger_s
+        self.shutdown_s = shutdown_s
+        self._exit = os._exit  # a test replaces it
         # internal state
         self._rank: Optional[int] = None
         self._size: Optional[int] = None
@@ -148,11 +158,15 @@ class FailureReporter:
         board = self.board
         if board is None:
             return 0.0
-        if self._shutdown is not None:
-            try:
-                self._shutdown()
-            except Exception:
-                pass
+        if self._shutdown is not None and not self._shut_down_within(self.shutdown_s):
+            msg = (f"hvdp: rank {self._rank}: Horovod's shutdown after this rank's error did not finish "
+                   f"within {self.shutdown_s:g} s; ending the process (exit 1) so that the launcher stops "
+                   f"the other ranks")
+            FLIGHT.dump(msg)
+            print(msg, file=sys.stderr, flush=True)
+            sys.stdout.flush()
+            self._exit(1)  # os._exit: Horovod's own exit handler would wait on the same shutdown
+            return 0.0
         t0 = time.monotonic()
         waiting = set(range(self._size)) - {self._rank}
         while waiting and time.monotonic() - t0 < self.linger_s:
@@ -168,6 +182,20 @@ class FailureReporter:
             if waiting:
                 time.sleep(0.05)
         return time.monotonic() - t0
+
+    def _shut_down_within(self, seconds: float) -> bool:
+        """Horovod's shutdown in a thread of its own; whether it returned within ``seconds``."""
+        done = threading.Event()
+
+        def run():
+            try:
+                self._shutdown()
+            except Exception:
+                pass
+            finally:
+                done.set()
+        threading.Thread(target=run, name="hvdp-shutdown", daemon=True).start()
+        return done.wait(seconds)
 
     def reports(self) -> List[dict]:
         board, rank = self.board, self.rank()

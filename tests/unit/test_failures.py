@@ -5,6 +5,7 @@ import stat
 import sys
 import tempfile
 import threading
+import time
 
 import pytest
 
@@ -141,6 +142,26 @@ def test_linger_is_bounded_and_ignores_stale_marks(tmp_path):
     failed = _failed_rank(board, linger_s=0.4, calls=calls)
     assert 0.4 <= failed.linger() < 3.0                # nobody marked: the bound ends it
     assert FailureReporter(lambda: 0, board, linger_s=5.0).linger() == 0.0  # did not fail itself
+
+
+def test_a_stuck_shutdown_ends_the_failed_rank_instead_of_hanging(tmp_path, capsys):
+    """Seen once under MPI: the failed rank's own Horovod shutdown never returned, so it never
+    exited and the launcher never stopped the job. Past ``shutdown_s`` the rank says so and ends."""
+    board, exits, stuck = DirBoard(str(tmp_path / "b")), [], threading.Event()
+    r = FailureReporter(lambda: 1, board, get_size=lambda: 3, shutdown=stuck.wait, linger_s=10.0,
+                        shutdown_s=0.3)
+    r._rank, r._size = 1, 3
+    r._exit = exits.append
+    r.report(ValueError("boom"), "x")
+    t0 = time.monotonic()
+    r.linger()
+    assert exits == [1] and 0.3 <= time.monotonic() - t0 < 3.0
+    assert "Horovod's shutdown after this rank's error did not finish within 0.3 s" in capsys.readouterr().err
+    stuck.set()
+    # a shutdown that returns in time: no exit, the linger goes on as before
+    ok = _failed_rank(board, linger_s=0.2, calls=[])
+    ok._exit = exits.append
+    assert ok.linger() >= 0.2 and exits == [1]
 
 
 def test_failed_ranks_do_not_wait_for_each_other(tmp_path):
