@@ -40,7 +40,9 @@ def read_records(log_dir):
     for path in glob.glob(os.path.join(log_dir, "log-*.jsonl")):
         with open(path) as f:
             for line in f:
-                if line.strip():
+                # a line without its newline is being written (a long record reaches the file in
+                # pieces) or was cut by a kill: not a record (yet)
+                if line.strip() and line.endswith("\n"):
                     r = json.loads(line)
                     (finals if "final" in r else records).append(dict(r, file=os.path.basename(path)))
     return records, finals
