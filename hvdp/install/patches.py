@@ -1,0 +1,120 @@
+"""The source changes hvdp's recipe makes to Horovod's sdist (each a regex that must match, so
+another sdist fails loudly instead of building something else), and why each is needed. The
+recipe (``hvdp.install.recipe``) applies them; docs/install-horovod.md has the same table for
+readers."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Iterable, Optional, Tuple
+
+from .facts import Framework
+
+
+@dataclass(frozen=True)
+class Patch:
+    path: str
+    pattern: str
+    replacement: str
+    why: str
+
+
+def cxx_standard(fw: Framework) -> int:
+    """The C++ standard a framework's headers need: torch >= 2.14 uses C++20 features
+    (``std::strong_ordering``); older torch and TensorFlow compile as C++17."""
+    if fw.name == "torch" and fw.release[:2] >= (2, 14):
+        return 20
+    return 17
+
+
+def _gnu_major(cxx_version: Optional[str]) -> int:
+    m = re.match(r"GNU (\d+)\.", cxx_version or "")
+    return int(m.group(1)) if m else 0
+
+
+GLOO_INIT_FAILED = (r"    } catch (const std::exception& ex) {\n"
+                    r'      LOG(ERROR) << "Horovod could not be initialized (Gloo): " << ex.what();\n'
+                    r"      state.initialization_failed = true;\n      return;\n    }\n")
+
+
+def patches(frameworks: Iterable[Framework], gpu: bool = False,
+            cxx_version: Optional[str] = None) -> Tuple[Patch, ...]:
+    """The source changes for these frameworks and compiler (each pattern must match the sdist)."""
+    out = []
+    if _gnu_major(cxx_version) >= 13:
+        # GCC 13's standard headers include fewer others; Horovod 0.28.1 relied on that (seen
+        # with GCC 13.3: std::string in group_table.h, std::logic_error in common.h)
+        out += [Patch("horovod/common/group_table.h", r"^(#include <unordered_map>\n)",
+                      r"#include <string>\n\1", f"{cxx_version} needs <string> included where it is used"),
+                Patch("horovod/common/common.h", r"^(#include <string>\n)",
+                      r"#include <cstdint>\n#include <stdexcept>\n\1",
+                      f"{cxx_version} needs <stdexcept> and <cstdint> included where they are used")]
+    out += [Patch("CMakeLists.txt", r"^set\(CMAKE_CXX_STANDARD 14\)", "set(CMAKE_CXX_STANDARD 17)",
+                 "Horovod's common sources with C++17, the standard its TF extension already uses")]
+    out.append(Patch("horovod/common/operations.cc",
+                     r"^(  if \(state\.control_operation == LibType::GLOO\) \{\n)"
+                     r"(    horovod_global\.process_set_table\.Finalize\(global_gloo_context,\n"
+                     r"\s+SHUT_DOWN_ERROR\);\n)(  \}\n)",
+                     r"\1    try {\n  \2    } catch (const std::exception& ex) {\n"
+                     r"      LOG(ERROR, horovod_global.global_controller->GetRank())\n"
+                     r'          << "Horovod could not finalize its process sets with the others: " << ex.what();\n'
+                     r"      const Status failed = Status::UnknownError(\n"
+                     r'          SHUT_DOWN_ERROR.reason() + " (" + ex.what() + ")");\n'
+                     r"      for (auto id : horovod_global.process_set_table.Ids()) {\n"
+                     r"        horovod_global.process_set_table.Get(id).tensor_queue.FinalizeTensorQueue(failed);\n"
+                     r"      }\n    }\n\3",
+                     "after a rank died, the shutdown of a job with more than one process set (two-level "
+                     "reduction) negotiates over Gloo with the dead rank; the gloo::IoException it throws "
+                     "there escaped every handler and aborted each survivor in C++ (std::terminate) before "
+                     "Python saw an error. Caught: the pending operations end with Horovod's shut-down "
+                     "error, which hvdp reports"))
+    out.append(Patch("horovod/common/operations.cc",
+                     r"^(  \{\n)    global_gloo_context\.Initialize\(ParseGlooIface\(\)\);\n(  \}\n)"
+                     r"(  if \(state\.control_operation == LibType::GLOO\) \{\n    // Initializes global controller\n)"
+                     r"    state\.process_set_table\.Initialize\(global_gloo_context\);\n(  \}\n)",
+                     r"\1    try {\n      global_gloo_context.Initialize(ParseGlooIface());\n"
+                     + GLOO_INIT_FAILED + r"\2"
+                     r"\3    try {\n      state.process_set_table.Initialize(global_gloo_context);\n"
+                     + GLOO_INIT_FAILED + r"\4",
+                     "a worker whose Gloo rendezvous fails (an elastic job's restarted worker timing out on "
+                     "its peers) threw from the background thread's start, outside every handler, and the "
+                     "process aborted in C++; caught: hvd.init() then raises Horovod's 'initialization "
+                     "failed' error, after the log line 'Horovod could not be initialized (Gloo): <cause>'"))
+    out.append(Patch("third_party/gloo/gloo/transport/tcp/pair.cc",
+                     r"^(  if \(state_ == CONNECTED\) \{\n)    handleReadWrite\(events\);\n(    return;\n  \}\n)",
+                     r"\1    try {\n      handleReadWrite(events);\n"
+                     r"    } catch (const ::gloo::EnforceNotMet& ex) {\n"
+                     r"      if (ex_ == nullptr) {\n"
+                     r'        signalException(GLOO_ERROR_MSG("unexpected data from ", peer_.str(), ": ", '
+                     r'ex.what()));\n'
+                     r"      }\n    }\n\2",
+                     "under repeated kills a survivor's Gloo transport thread met a message it did not expect "
+                     "(an enforce in the read path, e.g. 'op.preamble.length <= op.nbytes. 8 vs 4') and "
+                     "threw outside every handler: the process aborted in C++. Caught: the connection fails "
+                     "as on a reset by the peer, its pending operations end with that error, and Horovod's "
+                     "shutdown error reaches Python (an elastic job then recovers)"))
+    out.append(Patch("horovod/common/util.py", r"^EXTENSIONS = \['tensorflow', 'torch', 'mxnet'\]$",
+                     "EXTENSIONS = ['torch', 'tensorflow', 'mxnet']",
+                     "horovodrun asks whether Horovod was built with Gloo (or MPI) on every launch by "
+                     "importing the first framework extension that loads, in a fresh process: TensorFlow "
+                     "first took 4.6 s here, torch takes 1.5 s; every extension of one build shares those "
+                     "flags, so torch is asked first (TensorFlow where torch is not built)"))
+    for fw in frameworks:
+        if fw.name == "torch":
+            std = cxx_standard(fw)
+            out.append(Patch("horovod/torch/CMakeLists.txt", r"set\(CMAKE_CXX_STANDARD 14\)",
+                             f"set(CMAKE_CXX_STANDARD {std})",
+                             f"torch {fw.version}'s headers need C++{std} (Horovod pins C++14)"))
+            if fw.cuda and not gpu:
+                out.append(Patch("cmake/Modules/FindPytorch.cmake",
+                                 r'^(string\(TOUPPER "\$\{Pytorch_CUDA\}" Pytorch_CUDA\)\n)',
+                                 r"\1set(Pytorch_CUDA FALSE)\n",
+                                 "a CPU build for a CUDA torch: Horovod would compile its torch extension "
+                                 "with CUDA whenever torch finds any toolkit; with --cpu it is plain C++"))
+        elif fw.name == "tensorflow":
+            out.append(Patch("horovod/tensorflow/CMakeLists.txt",
+                             r'^list\(APPEND TF_SOURCES "\$\{PROJECT_SOURCE_DIR\}/horovod/tensorflow/'
+                             r'xla_mpi_ops\.cc"\)\n', "",
+                             "xla_mpi_ops.cc (XLA custom calls, GPU jit_compile only) includes headers "
+                             "TF >= 2.16 no longer ships; every regular TF op is still built"))
+    return tuple(out)
