@@ -88,7 +88,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._join.device = self._params[0].device if self._params else None
 
     def _register_hooks(self):
-        hook = _weak_hook(self)
+        hook = weak_hook(self)
         for p in self._params:
             if p not in self._hooked:
                 self._hooked.add(p)
@@ -295,14 +295,15 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self.engine.load_state(extra)
 
 
-def _weak_hook(opt):
-    """The gradient hook, holding the optimizer weakly: a dropped optimizer is freed."""
+def weak_hook(opt, method="_hook"):
+    """A gradient hook calling ``opt.<method>(p)``, holding the optimizer weakly: a dropped
+    optimizer is freed."""
     ref = weakref.ref(opt)
 
     def hook(p):
         o = ref()
         if o is not None:
-            o._hook(p)
+            getattr(o, method)(p)
     return hook
 
 

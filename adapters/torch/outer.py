@@ -13,6 +13,7 @@ import horovod.torch as _hvd
 import torch
 
 from hvdp.codecs.auto import Auto
+from hvdp.config import overlap
 from hvdp.outer import HIERARCHICAL_REFUSAL, OuterLoop, OuterSettings
 from hvdp.outer.loop import split, stats
 from hvdp.reduce.engine import Engine
@@ -24,6 +25,7 @@ from .join import OUTER, StepControl
 from .compression import resolve
 from .layout import agreement_entries, named
 from .ops import TorchOps
+from .optimizer import weak_hook
 from .plain import TorchPlain
 from .tensors import broadcast_
 
@@ -60,8 +62,19 @@ class _OuterOptimizer(torch.optim.Optimizer):
                            tensors=entries if f == 0 else None, at_creation=True)
             self.engines.append(eng)
         self.outer = None  # made at the first step, from the parameters as broadcast by then
+        # streaming: a fragment in flight starts its next phase from the gradient hooks
+        self._overlap = overlap() and outer.delay > 0 and (getattr(process_set, "process_set_id", 0) or 0) == 0
+        self._hooks = [p.register_post_accumulate_grad_hook(weak_hook(self, "_progress"))
+                       for p in self._params] if self._overlap else []
         REPORTER.install()
         OUTER.add(self)
+
+    def _progress(self, _param=None):
+        """From a gradient hook: every fragment in flight whose collective is done starts its next
+        phase (``OuterLoop.progress``), while the inner step's backward goes on."""
+        if self.outer is not None and self.outer.in_flight:
+            with torch.no_grad(), REPORTER.explaining():
+                self.outer.progress()
 
     def _new_loop(self):
         return OuterLoop(self._outer_settings, _OPS, self.engines, self._fragments,

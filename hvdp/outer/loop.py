@@ -7,9 +7,9 @@ codec and residuals), at its sync step:
 1. the pseudo-gradient of each tensor, ``global - local`` in float32, is submitted to the
    fragment's engine (every collective's first phase started, nothing waited for);
 2. ``delay`` inner steps later (the second phase started one step after the sync where
-   ``delay >= 2``) the average is waited for and the outer SGD moves the global parameters:
-   ``buf = momentum * buf + g`` (``buf = g`` the first time), ``d = g + momentum * buf``
-   (Nesterov) or ``buf``, ``global -= lr * d``;
+   ``delay >= 2``, or sooner by :meth:`OuterLoop.progress`) the average is waited for and
+   the outer SGD moves the global parameters: ``buf = momentum * buf + g`` (``buf = g`` the
+   first time), ``d = g + momentum * buf`` (Nesterov) or ``buf``, ``global -= lr * d``;
 3. the worker continues from ``mix * local + (1 - mix) * global`` (``global`` itself with the
    default ``mix=0``), the same bits on every rank.
 
@@ -134,6 +134,14 @@ class OuterLoop:
         """Whether the next inner step is a synchronous warm-up step (the adapter averages its
         gradients first)."""
         return self.warm < self.settings.warmup
+
+    def progress(self) -> None:
+        """Start the next phase of every fragment in flight whose previous collective is done,
+        without waiting (``Engine.progress``; hvdp.torch calls it from its gradient hooks, so a
+        streaming fragment's second phase goes on during the inner steps before it lands). The
+        same work on the same values as at landing, only sooner: the same bits."""
+        for f in self._inflight:
+            self.engines[f].progress()
 
     def after_step(self, params: Sequence[Array]) -> List[Tuple[int, Array]]:
         """After an inner step: start the syncs due now, advance and land those in flight.

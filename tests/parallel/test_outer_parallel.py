@@ -11,7 +11,7 @@ from conftest import WORKERS, checks_passed, horovodrun
 pytestmark = pytest.mark.parallel
 
 CHECKS = ["data_parallelism", "ranks_identical_int8", "post_local_sgd", "warmup_post_local_sgd",
-          "checkpoint_mid_interval", "save_checkpoint", "join", "auto", "refusals"]
+          "checkpoint_mid_interval", "save_checkpoint", "join", "auto", "streaming_overlap", "refusals"]
 KERAS_CHECKS = ["refusals", "data_parallelism", "ranks_identical_int8", "custom_loop", "auto", "join", "checkpoint",
                 "warmup_fit", "warmup_custom_loop", "checkpoint_warmup"]
 

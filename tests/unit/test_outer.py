@@ -4,6 +4,8 @@ fragments with a delay and mixing; H = 1 with outer lr 1 and no momentum is plai
 parallelism; every codec keeps the ranks bit-identical after each sync; a checkpoint taken
 mid-interval resumes to the uninterrupted run's bits."""
 
+import time
+
 import numpy as np
 import pytest
 
@@ -89,15 +91,23 @@ def make_loop(settings, comm, codec, start, frags, clock=None):
     return OuterLoop(settings, OPS, engs, frags, start, **({"clock": clock} if clock else {}))
 
 
-def run(settings, steps, codec="none", seed=0, stop_at=None, resume=None, clock=None):
+def phases(loop):
+    """The phase of every bucket of every fragment in flight."""
+    return [pend.phase for f in loop._inflight for pend in loop.engines[f]._pending.values()]
+
+
+def run(settings, steps, codec="none", seed=0, stop_at=None, resume=None, clock=None, progress=False):
     """Every rank trains ``steps`` inner steps (float32) with outer steps; -> each rank's final
     parameters and, per rank, the parameters right after every sync. ``stop_at``: also return
-    every rank's loop state at that step; ``resume``: (step, states) to start from."""
+    every rank's loop state at that step; ``resume``: (step, states) to start from. ``progress``:
+    before each inner step's update, ``loop.progress()`` (hvdp.torch's gradient hooks) until
+    every bucket in flight is past its first phase; ``run.ahead`` counts those steps per rank."""
     ranks, start = data(seed=seed), init()
     frags = [list(range(len(SHAPES)))] if settings.fragments == 1 else [[0, 1], [2, 3]]
     group = FakeGroup(P, blocking=True)
     finals, synced, saved, errors = [None] * P, [[] for _ in range(P)], [None] * P, []
     loops = run.loops = [None] * P
+    ahead = run.ahead = [0] * P
 
     def worker(r):
         try:
@@ -115,6 +125,12 @@ def run(settings, steps, codec="none", seed=0, stop_at=None, resume=None, clock=
                     g = [np.mean(gs, axis=0, dtype=np.float32) for gs in zip(*(grads(params, *d) for d in ranks))]
                 else:
                     g = grads(params, x, y)
+                if progress and loop.in_flight:  # the other rank's first phase may still be coming
+                    deadline = time.monotonic() + 10
+                    while min(phases(loop), default=2) < 2 and time.monotonic() < deadline:
+                        loop.progress()
+                        time.sleep(0.001)
+                    ahead[r] += min(phases(loop), default=1) >= 2
                 params = [p - np.float32(INNER_LR) * gi for p, gi in zip(params, g)]
                 landed = loop.after_step(params)
                 for i, v in landed:
@@ -188,6 +204,24 @@ def test_compressed_pseudo_gradients_keep_ranks_identical_and_near_the_reference
     bound = {"bf16": 3e-3, "int8": 4e-3, "int4": 5e-2}[codec]
     assert err <= bound * scale, (codec, err, scale)
     assert err > err_none, "the codec made no difference: was it applied?"
+
+
+@pytest.mark.parametrize("codec", ["int8", "int4"])
+@pytest.mark.parametrize("case", ["streaming_k2_tau1", "streaming_k2_tau2_mix"])
+def test_progress_runs_a_fragment_ahead_with_the_same_bits(case, codec):
+    """A streaming fragment's second phase started by ``OuterLoop.progress`` (during the inner
+    steps before it lands) gives the same bits as the phase started at landing."""
+    settings = CASES[case]
+    late, late_synced, _ = run(settings, 24, codec=codec)
+    assert run.ahead == [0, 0]
+    early, early_synced, _ = run(settings, 24, codec=codec, progress=True)
+    syncs = len(early_synced[0])
+    assert syncs >= 6 and run.ahead[0] >= syncs - 1 and run.ahead[1] >= syncs - 1, (syncs, run.ahead)
+    for r in range(P):
+        for a, b in zip(late[r], early[r]):
+            assert np.array_equal(a, b), f"{case} {codec}: rank {r} differs with progress"
+    if settings.mix == 0:
+        assert_ranks_identical_after_syncs(early_synced)
 
 
 @pytest.mark.parametrize("stop_at", [3, 10])  # inside the warm-up, inside an interval

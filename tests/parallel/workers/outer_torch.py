@@ -287,6 +287,45 @@ def check_auto():
     print(f"sync_every auto on rank {hvd.rank()}: {chosen}", flush=True)
 
 
+def check_streaming_overlap():
+    """Streaming (H 2, two fragments, tau 1, int8 and int4): a fragment's second phase started
+    from the gradient hooks of the inner step before it lands (``OuterLoop.progress``) gives the
+    same bits as with ``HVDP_OVERLAP=0`` (started at landing), and with overlap on it does start
+    early in some steps (counted just after ``loss.backward()``)."""
+    import os
+
+    from overlap_checks import _data, _model
+
+    def train_streaming(codec, overlap):
+        os.environ["HVDP_OVERLAP"] = "1" if overlap else "0"
+        try:
+            model = _model()
+            opt = hvd.OuterOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
+                                     named_parameters=model.named_parameters(), sync_every=2, fragments=2, delay=1,
+                                     compression=codec, policy=hvd.CompressionPolicy(min_elements=1000))
+        finally:
+            os.environ.pop("HVDP_OVERLAP")
+        x, y = _data()
+        ahead = 0
+        for _ in range(8):
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            loop = opt.outer
+            ahead += bool(loop is not None and loop.in_flight and all(
+                p.phase >= 2 for f in loop._inflight for p in loop.engines[f]._pending.values()))
+            opt.step()
+        return [p.detach().clone() for p in model.parameters()], ahead
+
+    for codec in ("int8", "int4"):
+        late, late_ahead = train_streaming(codec, False)
+        early, ahead = train_streaming(codec, True)
+        assert late_ahead == 0, f"{codec}: HVDP_OVERLAP=0 yet a fragment's second phase started before landing"
+        for i, (a, b) in enumerate(zip(late, early)):
+            assert torch.equal(a, b), f"{codec}: parameter {i} differs with overlap: {(a - b).abs().max():.3g}"
+        assert ahead > 0, f"{codec}: in none of 7 landings had the second phase started before step()"
+        print(f"STREAMING OVERLAP {codec} rank={hvd.rank()} landings_ahead={ahead}/7", flush=True)
+
+
 def check_refusals():
     model, _, _ = model_and_data()
     for kwargs, text in (({}, "needs sync_every=H"), ({"sync_every": 4, "compression": "powersgd"}, "not one here"),
