@@ -136,9 +136,11 @@ def worker(a):
             opt = hvd.DistributedOptimizer(adamw(m.parameters()), compression=spec, named_parameters=named(m, label))
             return tta.Run(label, "hvdp", m, opt, m, T, spec, sz)
         if kind == "outer":
+            os.environ["HVDP_OVERLAP"] = "1" if spec.get("overlap", True) else "0"  # read when made
             opt = hvd.OuterOptimizer(adamw(m.parameters()), named_parameters=named(m, label), sync_every=spec["H"],
                                      compression=spec["codec"], fragments=spec.get("K", 1),
                                      delay=spec.get("tau", 0), warmup_steps=W)
+            os.environ.pop("HVDP_OVERLAP")
             return tta.Run(label, "outer", m, opt, m, T, spec["codec"], sz)
         if kind == "ddp":
             d, _ = wrap(m, spec, a.seed, sz["powersgd_start"],
@@ -174,7 +176,8 @@ def worker(a):
            "params": sum(p.numel() for p in base.parameters()), "refused": {}}
     out["initial_loss"] = validate(base, val, vargs, autocast)
     runs = []
-    for label, kind, spec in methods(sz, a.rate, a.full):
+    plan = methods(sz, a.rate, a.full) if a.methods is None else __import__(a.methods).methods(sz, a.rate)
+    for label, kind, spec in plan:
         try:
             runs.append(make(label, kind, spec))
         except Exception as e:  # noqa: BLE001 - a peer that cannot run here: its reason is reported
@@ -421,6 +424,7 @@ def main():
     ap.add_argument("--rate", default="none", help=argparse.SUPPRESS)
     ap.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--json-out", help=argparse.SUPPRESS)
+    ap.add_argument("--methods", help=argparse.SUPPRESS)  # a sibling stage's module with methods(sz, rate)
     a = ap.parse_args()
     if a.worker:
         return worker(a)

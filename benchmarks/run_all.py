@@ -63,6 +63,8 @@ STAGES = [
     ("time to target loss (GPT, three links)", lambda: python([os.path.join(HERE, "tta.py")], timeout=5400)),
     ("time to target loss with outer steps (small GPT, three links, 3 seeds)",
      lambda: python([os.path.join(HERE, "outer_tta.py")], timeout=5400)),
+    ("streaming outer steps: compute utilisation (loopback, 100 Mbit/s, 3 runs)",
+     lambda: python([os.path.join(HERE, "outer_streaming.py")], timeout=3600)),
     ("peak memory of a step (50M params)", lambda: python([os.path.join(HERE, "memory_bench.py"),
                                                             "--json-out", os.path.join(RES, "memory.json")])),
     ("two-level on two nodes (MPI and Gloo, 1 Gbit/s; MPI 100 Mbit/s)",

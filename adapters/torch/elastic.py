@@ -125,6 +125,7 @@ class _OuterHandler(_OptimizerHandler):
     def _clear(self):
         for eng in self.value.engines:  # a failed sync's reductions; Horovod's handles are gone
             eng.abort()
+        self.value._join.reset()  # a join control begun before the failure
 
     def restore(self):
         self._clear()

@@ -33,6 +33,11 @@ class StepControl:
     def reset(self):
         self._flag, self._handle, self._joined = None, None, None
 
+    @property
+    def begun(self) -> bool:
+        """Whether this rank's flag is being summed (submitted, not yet waited for)."""
+        return self._handle is not None
+
     def begin(self):
         if self._handle is None and self._joined is None and self._comm.size > 1:
             self._flag = torch.ones(1, device=self.device)

@@ -62,28 +62,36 @@ class _OuterOptimizer(torch.optim.Optimizer):
                            tensors=entries if f == 0 else None, at_creation=True)
             self.engines.append(eng)
         self.outer = None  # made at the first step, from the parameters as broadcast by then
-        # streaming: a fragment in flight starts its next phase from the gradient hooks
-        self._overlap = overlap() and outer.delay > 0 and (getattr(process_set, "process_set_id", 0) or 0) == 0
+        # from the gradient hooks: a sync's join control, a streaming fragment's next phase
+        self._overlap = overlap() and (getattr(process_set, "process_set_id", 0) or 0) == 0
         self._hooks = [p.register_post_accumulate_grad_hook(weak_hook(self, "_progress"))
                        for p in self._params] if self._overlap else []
         REPORTER.install()
         OUTER.add(self)
 
     def _progress(self, _param=None):
-        """From a gradient hook: every fragment in flight whose collective is done starts its next
-        phase (``OuterLoop.progress``), while the inner step's backward goes on."""
-        if self.outer is not None and self.outer.in_flight:
-            with torch.no_grad(), REPORTER.explaining():
-                self.outer.progress()
+        """From a gradient hook, while the inner step's backward goes on: where this step ends
+        with a sync, its join control is submitted (``step()`` then finds it summed); every
+        fragment in flight whose collective is done starts its next phase (``OuterLoop.progress``)."""
+        loop = self.outer
+        if loop is None:
+            return
+        with torch.no_grad(), REPORTER.explaining():
+            if not self._join.begun and self._comm.size > 1 and loop.syncs_next():
+                self._join.begin()
+            if loop.in_flight:
+                loop.progress()
 
     def _new_loop(self):
         return OuterLoop(self._outer_settings, _OPS, self.engines, self._fragments,
                          [p.detach() for p in self._params], active=self._active)
 
     def _active(self) -> int:
-        """The ranks taking part in the sync starting now (a joined rank adds a zero)."""
+        """The ranks taking part in the sync starting now (a joined rank adds a zero): the join
+        control begun in this step's backward (or now), then made ready for the next sync."""
+        n = self._join.active()
         self._join.reset()
-        return self._join.active()
+        return n
 
     def step(self, closure=None):
         """The inner step (the user's optimizer, local), then the outer loop's syncs due now."""
@@ -125,6 +133,10 @@ class _OuterOptimizer(torch.optim.Optimizer):
     def join_refusal(self):
         """Why ``hvd.join()`` cannot be answered now (None: it can): a fragment in flight, whose
         second phase this rank would never send."""
+        if self._join.begun:
+            return ("hvd.join() was called between the backward and the step() of an inner step that ends with "
+                    "an outer sync (its join control is already sent: the other ranks count this rank in). Fix: "
+                    "call hvd.join() after opt.step(), where the training loop runs out of data")
         if self.outer is not None and self.outer.in_flight:
             return (f"hvd.join() was called while hvd.OuterOptimizer has a fragment in flight (delay="
                     f"{self._outer_settings.delay}): its reduction needs this rank's next step. Fix: call "

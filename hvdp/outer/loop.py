@@ -135,6 +135,16 @@ class OuterLoop:
         gradients first)."""
         return self.warm < self.settings.warmup
 
+    def syncs_next(self) -> bool:
+        """Whether the next :meth:`after_step` starts a sync (hvdp.torch then starts the sync's
+        join control during that inner step's backward, so the sync does not wait for it)."""
+        if self.warming_up:
+            return False
+        s = self.step + 1
+        if self.schedule is None:
+            return s in (auto.PROBE_STEPS // 2, auto.PROBE_STEPS)
+        return any(self.syncs_at(f, s) for f in range(len(self.fragments)))
+
     def progress(self) -> None:
         """Start the next phase of every fragment in flight whose previous collective is done,
         without waiting (``Engine.progress``; hvdp.torch calls it from its gradient hooks, so a
@@ -142,6 +152,16 @@ class OuterLoop:
         same work on the same values as at landing, only sooner: the same bits."""
         for f in self._inflight:
             self.engines[f].progress()
+
+    def drain(self) -> None:
+        """Wait for every fragment in flight and drop its average: the end of a streaming run
+        (``opt.outer.drain()`` on every rank after the last step), whose last fragments are still
+        in flight; without it a rank that exits at once shuts Horovod down under a slower rank
+        still sending them. The global parameters stay those of the last landing."""
+        for f in sorted(self._inflight):
+            _, sub, _ = self._inflight.pop(f)
+            self.engines[f].complete(sub)
+            self.engines[f].end_step()
 
     def after_step(self, params: Sequence[Array]) -> List[Tuple[int, Array]]:
         """After an inner step: start the syncs due now, advance and land those in flight.

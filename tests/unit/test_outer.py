@@ -224,6 +224,22 @@ def test_progress_runs_a_fragment_ahead_with_the_same_bits(case, codec):
         assert_ranks_identical_after_syncs(early_synced)
 
 
+def test_drain_completes_the_fragments_in_flight():
+    """The end of a streaming run: ``drain`` waits for the fragment in flight on every rank and
+    leaves the global parameters as they were (its average is dropped)."""
+    settings = CASES["streaming_k2_tau1"]
+    run(settings, 10, codec="int8")  # H 4, offsets 0 and 2: fragment 1 starts at step 10, lands at 11
+    loops = run.loops
+    flying = [loop.in_flight for loop in loops]
+    before = [[g.copy() for g in loop.globals] for loop in loops]
+    errors = []
+    run_threads(lambda r: loops[r].drain(), P, errors)
+    assert not errors and not any(loop.in_flight for loop in loops)
+    for loop, b in zip(loops, before):
+        assert all(np.array_equal(g, h) for g, h in zip(loop.globals, b))
+    assert flying == [True, True], flying
+
+
 @pytest.mark.parametrize("stop_at", [3, 10])  # inside the warm-up, inside an interval
 def test_checkpoint_mid_interval_resumes_to_the_same_bits(stop_at):
     settings = OuterSettings(sync_every=4, warmup=5)

@@ -264,6 +264,20 @@ def check_join():
     else:
         raise AssertionError("hvd.join() with a fragment in flight was accepted")
     train(model, opt, x, y, 8, first=4)  # both ranks go on (the refusal came before Horovod's join)
+    model, x, y = model_and_data()
+    opt = hvd.OuterOptimizer(torch.optim.SGD(model.parameters(), lr=0.05), named_parameters=model.named_parameters(),
+                             sync_every=4)
+    train(model, opt, x, y, 3)
+    opt.zero_grad()
+    torch.nn.functional.cross_entropy(model(x[:8]), y[:8]).backward()  # step 4 ends with a sync
+    try:
+        hvd.join()
+    except RuntimeError as e:
+        assert "join control is already sent" in str(e), str(e)
+    else:
+        raise AssertionError("hvd.join() between the backward and the step() of a sync step was accepted")
+    opt.step()
+    same_on_every_rank(model, "join.after_refusal")
 
 
 def check_auto():
@@ -314,6 +328,7 @@ def check_streaming_overlap():
             ahead += bool(loop is not None and loop.in_flight and all(
                 p.phase >= 2 for f in loop._inflight for p in loop.engines[f]._pending.values()))
             opt.step()
+        opt.outer.drain()  # the last fragment in flight, before the next run or the job's end
         return [p.detach().clone() for p in model.parameters()], ahead
 
     for codec in ("int8", "int4"):
