@@ -27,7 +27,8 @@ learning rate, then cosine to 0.1 of the peak at step T.
   averager with ``warmup_steps=W + H - 1``), so every evaluation (at multiples of 16) sees the
   ranks' common parameters. hvdp: outer Nesterov SGD lr 0.7, momentum 0.9 (its defaults); DDP's
   post-local SGD averages the parameters (outer lr 1, no momentum: that is what PyTorch offers);
-  torchft's DiLoCo: the same outer SGD as hvdp's. Streaming (fragments K, delay tau,
+  torchft's DiLoCo: the same outer SGD as hvdp's; "hvdp averaging H int4": hvdp with outer lr 1
+  and no momentum (the averaging of DDP's post-local SGD) and int4. Streaming (fragments K, delay tau,
   mix 0): its evaluations see each rank's own parameters on half the windows. Clipping: each
   rank clips its own gradients before the inner step (in hvdp's warm-up, before their average;
   DDP clips the average).
@@ -82,6 +83,9 @@ def methods(sz, rate, full):
     for H in sz["H"]:
         for codec in ("none", "int8", "int4") if full else ("int8",):
             out.append((f"hvdp outer H{H} {codec}", "outer", {"H": H, "codec": codec}))
+    if full:  # outer SGD lr 1 without momentum: the parameters averaged, as DDP's post-local SGD
+        out += [(f"hvdp averaging H{H} int4", "outer", {"H": H, "codec": "int4", "lr": 1.0, "momentum": 0.0})
+                for H in sz["H"]]
     for H, K, tau, codec in STREAMING:
         if H in sz["H"] and full:
             out.append((f"hvdp streaming H{H} K{K} tau{tau} {codec}", "outer",
@@ -139,7 +143,8 @@ def worker(a):
             os.environ["HVDP_OVERLAP"] = "1" if spec.get("overlap", True) else "0"  # read when made
             opt = hvd.OuterOptimizer(adamw(m.parameters()), named_parameters=named(m, label), sync_every=spec["H"],
                                      compression=spec["codec"], fragments=spec.get("K", 1),
-                                     delay=spec.get("tau", 0), warmup_steps=W)
+                                     delay=spec.get("tau", 0), warmup_steps=W, outer_lr=spec.get("lr", 0.7),
+                                     outer_momentum=spec.get("momentum", 0.9), nesterov=spec.get("momentum", 0.9) > 0)
             os.environ.pop("HVDP_OVERLAP")
             return tta.Run(label, "outer", m, opt, m, T, spec["codec"], sz)
         if kind == "ddp":
