@@ -156,7 +156,7 @@ class OuterLoop:
     def drain(self) -> None:
         """Wait for every fragment in flight and drop its average: the end of a streaming run
         (``opt.outer.drain()`` on every rank after the last step), whose last fragments are still
-        in flight; without it a rank that exits at once shuts Horovod down under a slower rank
+        in flight; without it a rank that exits at once may shut Horovod down under a slower rank
         still sending them. The global parameters stay those of the last landing."""
         for f in sorted(self._inflight):
             _, sub, _ = self._inflight.pop(f)
