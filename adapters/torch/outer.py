@@ -76,8 +76,11 @@ class _OuterOptimizer(torch.optim.Optimizer):
         loop = self.outer
         if loop is None:
             return
+        begin = not self._join.begun and self._comm.size > 1 and loop.syncs_next()
+        if not (begin or loop.in_flight):  # most hooks of most steps: nothing to do
+            return
         with torch.no_grad(), REPORTER.explaining():
-            if not self._join.begun and self._comm.size > 1 and loop.syncs_next():
+            if begin:
                 self._join.begin()
             if loop.in_flight:
                 loop.progress()
