@@ -37,6 +37,56 @@ GLOO_INIT_FAILED = (r"    } catch (const std::exception& ex) {\n"
                     r"      state.initialization_failed = true;\n      return;\n    }\n")
 
 
+def _lost_peer_patches() -> Tuple[Patch, ...]:
+    """A Gloo context whose connection to one peer failed ends every wait of that context.
+
+    Every collective of a Gloo context involves all its ranks, so once one connection of it is
+    closed or reset (a killed peer), no operation of it can complete. Gloo failed only the
+    operations pending on that one connection; a survivor waiting on another live rank (which
+    might itself be waiting on the first) waited out HOROVOD_GLOO_TIMEOUT_SECONDS (30 s by default)."""
+    tcp = "third_party/gloo/gloo/transport/tcp/"
+    why = ("after a rank was killed, a survivor whose pending operation waited on another survivor "
+           "(not on the dead rank) noticed nothing until Gloo's timeout: in the kill loop 3 of 5 kills "
+           "took HOROVOD_GLOO_TIMEOUT_SECONDS to recover (30 s at Horovod's default). The context "
+           "keeps its first failed connection; every wait of that context ends with that error "
+           "within 50 ms")
+    return (
+        Patch(tcp + "context.h", r"^(  void signalException\(const std::string& msg\);\n)",
+              r"\1\n public:\n  // hvdp: the first connection of this context that failed; waits end with it\n"
+              r"  std::mutex lostMutex_;\n  std::exception_ptr lost_;\n"
+              r"  void markLost(std::exception_ptr ex) {\n"
+              r"    std::lock_guard<std::mutex> guard(lostMutex_);\n    if (!lost_) {\n      lost_ = ex;\n    }\n  }\n"
+              r"  std::exception_ptr lost() {\n"
+              r"    std::lock_guard<std::mutex> guard(lostMutex_);\n    return lost_;\n  }\n"
+              r'  void closeAll() {\n    signalException("a connection of this context failed");\n  }\n\n'
+              r" protected:\n", why),
+        Patch(tcp + "pair.cc", r"^(void Pair::signalException\(std::exception_ptr ex\) \{\n"
+              r"  GLOO_ENFORCE\(ex_ == nullptr\);\n)", r"\1  context_->markLost(ex);\n", why),
+        Patch(tcp + "unbound_buffer.cc", r"^(UnboundBuffer::~UnboundBuffer\(\) \{\}\n)",
+              r"\1\n// hvdp: a wait in slices of 50 ms that also ends, closing the context, when a connection\n"
+              r"// of the context failed (every collective needs every rank of its context)\n"
+              r"template <typename Pred>\n"
+              r"static bool waitOrLost(std::condition_variable& cv, std::unique_lock<std::mutex>& lock,\n"
+              r"                       std::chrono::milliseconds timeout, Context* context, Pred pred) {\n"
+              r"  const auto deadline = std::chrono::steady_clock::now() + timeout;\n"
+              r"  for (;;) {\n"
+              r"    auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(50);\n"
+              r"    if (until > deadline) {\n      until = deadline;\n    }\n"
+              r"    if (cv.wait_until(lock, until, pred)) {\n      return true;\n    }\n"
+              r"    if (until >= deadline) {\n      return false;\n    }\n"
+              r"    auto lost = context->lost();\n"
+              r"    if (lost) {\n"
+              r"      // as after a timeout: close every connection of the context (without this lock)\n"
+              r"      lock.unlock();\n"
+              r"      context->closeAll();\n"
+              r"      std::rethrow_exception(lost);\n    }\n"
+              r"  }\n}\n", why),
+        Patch(tcp + "unbound_buffer.cc",
+              r"auto done = (recv|send)Cv_\.wait_for\(lock, timeout, \[&\] \{\n",
+              r"auto done = waitOrLost(\1Cv_, lock, timeout, context_.get(), [&] {\n", why),
+    )
+
+
 def patches(frameworks: Iterable[Framework], gpu: bool = False,
             cxx_version: Optional[str] = None) -> Tuple[Patch, ...]:
     """The source changes for these frameworks and compiler (each pattern must match the sdist)."""
@@ -93,6 +143,7 @@ def patches(frameworks: Iterable[Framework], gpu: bool = False,
                      "threw outside every handler: the process aborted in C++. Caught: the connection fails "
                      "as on a reset by the peer, its pending operations end with that error, and Horovod's "
                      "shutdown error reaches Python (an elastic job then recovers)"))
+    out += _lost_peer_patches()
     out.append(Patch("horovod/common/util.py", r"^EXTENSIONS = \['tensorflow', 'torch', 'mxnet'\]$",
                      "EXTENSIONS = ['torch', 'tensorflow', 'mxnet']",
                      "horovodrun asks whether Horovod was built with Gloo (or MPI) on every launch by "

@@ -105,8 +105,10 @@ def job_env(extra=None):
     """The elastic job's environment: this interpreter's bin first on PATH, one thread each."""
     env = dict(os.environ, OMP_NUM_THREADS="1", TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1",
                PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
-    # survivors learn of a dead peer when a Gloo collective times out: that timeout (default
-    # 30 s) is the recovery time; 10 s keeps the test short and still far above a step's time
+    # Gloo's timeout (default 30 s) bounds what still waits on a peer: a restarted worker's
+    # rendezvous, a hang. Survivors learn of a killed peer from its closed connections (hvdp's
+    # build of Horovod ends every wait of a Gloo context at its first failed connection); 10 s
+    # keeps a test that goes wrong short and is still far above a step's time
     env.setdefault("HOROVOD_GLOO_TIMEOUT_SECONDS", "10")
     env.update(extra or {})
     return env

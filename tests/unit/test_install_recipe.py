@@ -28,7 +28,15 @@ SDIST_LINES = {  # the lines of Horovod 0.28.1's sources that the patches rewrit
                                     "#endif // HAVE_GLOO\n",
     "horovod/common/util.py": "EXTENSIONS = ['tensorflow', 'torch', 'mxnet']\n",
     "third_party/gloo/gloo/transport/tcp/pair.cc": "  if (state_ == CONNECTED) {\n    handleReadWrite(events);\n"
-                                                   "    return;\n  }\n",
+                                                   "    return;\n  }\n"
+                                                   "void Pair::signalException(std::exception_ptr ex) {\n"
+                                                   "  GLOO_ENFORCE(ex_ == nullptr);\n\n",
+    "third_party/gloo/gloo/transport/tcp/context.h": "  void signalException(const std::string& msg);\n\n"
+                                                     "  friend class ContextMutator;\n",
+    "third_party/gloo/gloo/transport/tcp/unbound_buffer.cc":
+        "UnboundBuffer::~UnboundBuffer() {}\n\n"
+        "  if (recvCompletions_ == 0) {\n    auto done = recvCv_.wait_for(lock, timeout, [&] {\n"
+        "  if (sendCompletions_ == 0) {\n    auto done = sendCv_.wait_for(lock, timeout, [&] {\n",
 }
 
 
@@ -55,11 +63,24 @@ def test_cxx_standard_follows_torch_version():
 
 def test_patches_rewrite_the_sdist_lines_and_fail_loudly_elsewhere():
     every = patches([Framework("torch", "2.14.1", "13.0"), Framework("tensorflow", "2.21.0")])
-    assert len(every) == 8
+    assert len(every) == 12
+    patched = dict(SDIST_LINES)
     for p in every:
         out = apply_patch(SDIST_LINES[p.path], p)
         assert out != SDIST_LINES[p.path]
         assert "CMAKE_CXX_STANDARD 14" not in out and "xla_mpi_ops" not in out
+        patched[p.path] = apply_patch(patched[p.path], p)  # a file's patches one after another
+    # a failed connection of a Gloo context (a killed peer) ends every wait of that context, not
+    # only those on that connection: the pair records it, both waits of an unbound buffer check it
+    tcp = "third_party/gloo/gloo/transport/tcp/"
+    assert "GLOO_ENFORCE(ex_ == nullptr);\n  context_->markLost(ex);\n" in patched[tcp + "pair.cc"]
+    assert "handleReadWrite(events);\n    } catch" in patched[tcp + "pair.cc"]  # both pair.cc patches
+    waits = patched[tcp + "unbound_buffer.cc"]
+    assert "wait_for" not in waits and waits.count("waitOrLost(") == 3  # the helper and its two calls
+    assert waits.index("context->lost()") < waits.index("lock.unlock();") < waits.index("context->closeAll();") \
+        < waits.index("std::rethrow_exception(lost);")
+    ctx = patched[tcp + "context.h"]
+    assert " public:\n" in ctx and "void markLost(" in ctx and ctx.endswith(" protected:\n\n  friend class ContextMutator;\n")
     # the shutdown's negotiation with the other ranks (Gloo) may throw once a rank died: caught
     ops = [p for p in every if p.path.endswith("operations.cc")][0]
     shut = apply_patch(SDIST_LINES[ops.path], ops)
@@ -77,7 +98,7 @@ def test_patches_rewrite_the_sdist_lines_and_fail_loudly_elsewhere():
     pair = [p for p in every if p.path.endswith("pair.cc")][0]
     read = apply_patch(SDIST_LINES[pair.path], pair)
     assert read.index("try {") < read.index("handleReadWrite(events)") < read.index("catch (const ::gloo::EnforceNot")
-    assert "signalException(" in read and read.endswith("    }\n    return;\n  }\n")
+    assert "signalException(" in read and "    }\n    return;\n  }\nvoid Pair::signalException(" in read
     # horovodrun's build probe (gloo_built, mpi_built): the torch extension first (faster to import)
     util = [p for p in every if p.path == "horovod/common/util.py"][0]
     assert apply_patch(SDIST_LINES[util.path], util) == "EXTENSIONS = ['torch', 'tensorflow', 'mxnet']\n"
