@@ -11,11 +11,12 @@ the sums' order is fixed), or every rank ends with an error, within the job's de
 ``HVDP_STALL_TIMEOUT_SECONDS`` = 60 s, Gloo's at 30 s). A job still running at 300 s is a hang.
 Prints one line per case (result, training time against the clean link) and a JSON summary.
 
-Delay and reordering need tc's netem qdisc; where the kernel has none (CONFIG_NET_SCH_NETEM not
-set, as on the machines this was written on) those cases are reported as not run, with why.
+Delay and reordering are made in user space (tests/parallel/delay_relay.py: each node's packets to
+the other through a TUN device, held 50 +- 20 ms, a quarter of them sent at once), as netem's
+``delay 50ms 20ms reorder 25%`` would: the kernels this runs on have no netem qdisc
+(CONFIG_NET_SCH_NETEM not set).
 """
 import argparse
-import gzip
 import json
 import os
 import re
@@ -28,11 +29,12 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from two_node import ROOT, TwoNodeCluster  # noqa: E402
 
 JOB = os.path.join(ROOT, "tests", "parallel", "workers", "bad_network_job.py")
-LINKS = {  # name -> what is done to the link: ("drop", percent), ("netem", args), ("down", seconds)
+LINKS = {  # name -> what is done to the link: ("drop", percent), ("delay", (ms, +-ms, share at once)),
+    # ("down", seconds)
     "clean": None,
     "loss 1%": ("drop", 1),
     "loss 5%": ("drop", 5),
-    "delay 50ms+-20ms, 25% reordered": ("netem", "delay 50ms 20ms reorder 25% 50%"),
+    "delay 50ms+-20ms, 25% reordered": ("delay", (50.0, 20.0, 0.25)),
     "down 10 s, then up": ("down", 10.0),
     "clean, again": None,  # the clean result is reproducible (else "same" would mean nothing)
 }
@@ -41,21 +43,44 @@ JOB_TIMEOUT = 300
 ENV = {"HOROVOD_FUSION_THRESHOLD": "0", "HVDP_STALL_TIMEOUT_SECONDS": "60", "HOROVOD_GLOO_TIMEOUT_SECONDS": "30"}
 
 
-def tc(cluster, args):
-    for ns in cluster.namespaces:
-        subprocess.run(["tc", "-n", ns, "qdisc", "replace", "dev", cluster.iface, "root"] + args,
-                       check=True, capture_output=True, timeout=30)
+RELAY = os.path.join(ROOT, "tests", "parallel", "delay_relay.py")
+ADDRS = ("10.77.0.1", "10.77.0.2")  # scripts/two_node.sh's node addresses
 
 
-def netem_missing():
-    """Why netem cannot run here, or None."""
-    try:
-        with gzip.open("/proc/config.gz", "rt") as f:
-            if "# CONFIG_NET_SCH_NETEM is not set" in f.read():
-                return "the kernel has no netem qdisc (CONFIG_NET_SCH_NETEM is not set)"
-    except OSError:
-        pass
-    return None
+def delay_start(cluster, delay_ms, jitter_ms, reorder):
+    """Each node's packets to the other through delay_relay.py. -> the relay processes."""
+    macs = [subprocess.run(["ip", "netns", "exec", ns, "cat", f"/sys/class/net/{cluster.iface}/address"],
+                           capture_output=True, text=True, check=True, timeout=30).stdout.strip()
+            for ns in cluster.namespaces]
+    procs = []
+    for i, ns in enumerate(cluster.namespaces):
+        ready = os.path.join(cluster.dir, f"relay-{i}-{time.time()}")
+        procs.append(subprocess.Popen(
+            ["ip", "netns", "exec", ns, sys.executable, RELAY, "--iface", cluster.iface, "--peer", ADDRS[1 - i],
+             "--peer-mac", macs[1 - i], "--delay-ms", str(delay_ms), "--jitter-ms", str(jitter_ms),
+             "--reorder", str(reorder), "--seed", str(i), "--ready", ready], stdout=subprocess.PIPE, text=True))
+        deadline = time.time() + 30
+        while not os.path.exists(ready):
+            if procs[-1].poll() is not None or time.time() > deadline:
+                delay_stop(procs)
+                raise RuntimeError(f"delay_relay.py did not start in {ns}")
+            time.sleep(0.05)
+    return procs
+
+
+def delay_stop(procs):
+    """End the relays (their TUN devices and routes go with them). -> their packet counts."""
+    counts = []
+    for p in procs:
+        p.terminate()
+    for p in procs:
+        try:
+            out, _ = p.communicate(timeout=30)
+            counts.append(json.loads(out.strip().splitlines()[-1]))
+        except (subprocess.TimeoutExpired, ValueError, IndexError):
+            p.kill()
+            counts.append(None)
+    return counts
 
 
 def drop(cluster, percent):
@@ -95,12 +120,9 @@ def link_down_for(cluster, mark, down_s, log):
 
 def run_case(cluster, mode, link, steps, min_s):
     how = LINKS[link]
-    log = []
-    if how and how[0] == "netem":
-        why = netem_missing()
-        if why:
-            return {"mode": mode, "link": link, "not_run": why, "results": {}}
-        tc(cluster, ["netem"] + how[1].split())
+    log, relays, relayed = [], None, None
+    if how and how[0] == "delay":
+        relays = delay_start(cluster, *how[1])
     if how and how[0] == "drop":
         drop(cluster, how[1])
     mark = os.path.join(cluster.dir, f"mark-{time.time()}")
@@ -116,12 +138,13 @@ def run_case(cluster, mode, link, steps, min_s):
         if thread is not None:
             thread.join()
         dropped = drop(cluster, 0) if how and how[0] == "drop" else None
-        if how and how[0] == "netem":
-            tc(cluster, ["tbf", "rate", "1gbit", "burst", "64kb", "latency", "25ms"])  # two_node.sh's
+        if relays is not None:
+            relayed = delay_stop(relays)
     results = {int(r): (d, float(s)) for r, d, s in re.findall(r"RESULT rank=(\d) digest=(\w+) seconds=([\d.]+)", out)}
     errors = {int(r): m for r, m in re.findall(r"ERROR rank=(\d) after=\S+ type=\S+ msg=(.*)", out)}
     return {"mode": mode, "link": link, "rc": rc, "hang": hang, "wall_s": round(time.time() - t0, 1),
             "results": results, "errors": errors, "link_events": log, "dropped_packets": dropped,
+            "relayed": relayed,
             "tail": out[-3000:]}
 
 
@@ -174,7 +197,8 @@ def main():
                 print(f"{mode:9s} {link:34s} {case['verdict']:24s} training "
                       f"{secs if secs is not None else float('nan'):.1f} s ({case['slowdown']}x the clean link), "
                       f"job {case['wall_s']} s" + (f", {case['dropped_packets']} packets dropped"
-                                                   if case["dropped_packets"] is not None else ""), flush=True)
+                                                   if case["dropped_packets"] is not None else "")
+                      + (f", relayed {case['relayed']}" if case["relayed"] is not None else ""), flush=True)
                 if not case["verdict"].startswith(("same", "error")):
                     print(case["tail"], flush=True)
                 rows.append({k: v for k, v in case.items() if k != "tail"})
