@@ -18,6 +18,7 @@ import json
 import os
 import glob
 import random
+import shutil
 import signal
 import socket
 import statistics
@@ -128,6 +129,25 @@ def survivors_failed_in(flight_dir, t0, t1):
     return sorted(seen)
 
 
+def trace_at(flight_dir, t0, size=3):
+    """What ``python -m hvdp trace`` makes of the dumps written since ``t0`` (the survivors', on the
+    failure; the killed worker leaves none) in a world of ``size``: {"name", "nth", "ranks": {state:
+    ranks}} of the collective where the ranks parted, or None where it names none (the failure came
+    in one of Horovod's own collectives, which hvdp does not record)."""
+    from hvdp.cluster import trace
+    with tempfile.TemporaryDirectory() as fresh:
+        for path in glob.glob(os.path.join(flight_dir, "rank-*.json")):
+            try:
+                with open(path) as f:
+                    if json.load(f).get("time", 0) >= t0:
+                        shutil.copy(path, fresh)
+            except (OSError, ValueError):
+                continue
+        dumps, _ = trace.load(fresh)
+    div = trace.analyse(dumps, size=size) if dumps else None
+    return None if div is None else {"name": div.key[0], "nth": div.key[1], "ranks": div.by_state}
+
+
 KILL_AT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "workers", "kill_at.py")
 
 
@@ -202,6 +222,7 @@ def run(work, kills, seed=0, compression="int8", script="torch_elastic.py", env_
                 if k is not None and "saw" not in k and last["t"] > k["t"] and last["size"] < 3:
                     # the survivors' first step after the reset; their dumps are fresh
                     k["saw"] = survivors_failed_in(flight_dir, k["t"], last["t"])
+                    k["trace"] = trace_at(flight_dir, k["t"])
                 if trial_first and not done_kills and not os.listdir(arm_dir):
                     workers = live_workers(log_dir)  # auto's first trial follows the first step's
                     if len(workers) >= 3:  # probe: arm one worker before it (then its steps)
