@@ -159,7 +159,10 @@ def verdict(case, clean):
         return "same"
     if len(case["results"]) == 4:
         return "WRONG RESULT" if clean is not None else "no clean result"
-    if case["rc"] != 0 and len(case["errors"]) + len(case["results"]) >= 1:
+    if case["results"] and case["errors"]:  # neither outcome the matrix accepts: counted as bad
+        same = sorted(r for r, (d, _) in case["results"].items() if d == clean)
+        return f"SPLIT: ranks {same} the clean result, ranks {sorted(case['errors'])} raised"
+    if case["rc"] != 0 and len(case["errors"]) >= 1:
         return f"error ({len(case['errors'])} ranks raised)"
     return f"UNEXPLAINED (rc {case['rc']})"
 

@@ -269,6 +269,7 @@ def summary(result, reference_loss=None):
     rec = [k["recovery"] for k in result["kills"] if k.get("recovery") is not None]
     lines = [f"kill {i + 1}: {k.get('moment', 'random')} at commit {k['commit']}, worker {k['worker']}, recovery "
              f"{k.get('recovery') or float('nan'):.2f} s, survivors named {k.get('saw')}"
+             + (f", trace: {k['trace']['name']} #{k['trace']['nth']} {k['trace']['ranks']}" if k.get("trace") else "")
              for i, k in enumerate(result["kills"])]
     if rec:
         lines.append(f"recovery: median {statistics.median(rec):.2f} s, min {min(rec):.2f} s, "
