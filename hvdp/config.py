@@ -27,6 +27,7 @@ HVDP_KERNELS = "HVDP_KERNELS"                            # off: no fused codec k
 HVDP_STALL_TIMEOUT_SECONDS = "HVDP_STALL_TIMEOUT_SECONDS"  # 0: no stall watchdog (watchdog.py)
 HVDP_FLIGHT_RECORDS = "HVDP_FLIGHT_RECORDS"              # collectives in the flight record; 0: off (flight.py)
 HVDP_FLIGHT_DIR = "HVDP_FLIGHT_DIR"                      # where flight records are dumped (flight.py)
+HVDP_EXIT_WAIT_SECONDS = "HVDP_EXIT_WAIT_SECONDS"      # 0: a rank's exit waits for no other (exits.py)
 HVDP_OVERLAP = "HVDP_OVERLAP"                            # 0: a bucket's next phase waits for step() (drive.py)
 HVDP_DDP_ADDR = "HVDP_DDP_ADDR"                          # examples/benchmarks: DDP's Gloo rendezvous address
 HVDP_DDP_PORT = "HVDP_DDP_PORT"                          # examples/benchmarks: DDP's Gloo rendezvous port
@@ -120,6 +121,12 @@ def stall_timeout_s(environ: Environ = None) -> int:
     return env_int(HVDP_STALL_TIMEOUT_SECONDS, 600, minimum=0, environ=environ)
 
 
+def exit_wait_s(environ: Environ = None) -> int:
+    """``HVDP_EXIT_WAIT_SECONDS`` (default 30): how long a rank of a job with process sets smaller
+    than the job waits, when it ends, for the other ranks to end (``hvdp.cluster.exits``); 0: not at all."""
+    return env_int(HVDP_EXIT_WAIT_SECONDS, 30, minimum=0, environ=environ)
+
+
 def flight_records(environ: Environ = None) -> int:
     """``HVDP_FLIGHT_RECORDS`` (default 1024): how many of its last collectives each process keeps
     in its flight record; 0: no record."""
@@ -181,7 +188,7 @@ def elastic_mode(environ: Environ = None) -> bool:
 
 _CHECKS = (compile_codecs_default, check_agreement, failure_board, kernels_mode, overlap,
            lambda env: fusion_threshold_bytes(1, env), lambda env: min_compress_elements(0, env),
-           lambda env: ddp_port(1, env), stall_timeout_s, flight_records)
+           lambda env: ddp_port(1, env), stall_timeout_s, flight_records, exit_wait_s)
 
 
 def problems(environ: Environ = None) -> List[Tuple[str, str]]:

@@ -49,6 +49,10 @@ from .functions import BLOCKING as _BLOCKING, watched as _watched  # noqa: E402
 for _n in _BLOCKING:
     if globals().get(_n) is not None:
         globals()[_n] = _watched(globals()[_n])
+# Horovod's shutdown, first waiting for the other ranks to end where hvdp made process sets
+# smaller than the job (a two-level reduction, a mesh: hvdp.cluster.exits)
+from hvdp.cluster import exits as _exits  # noqa: E402
+shutdown = _exits.ending(shutdown)  # noqa: F821
 if hasattr(_B.hvd, "broadcast_object_fn"):  # horovod.tensorflow only
     broadcast_object_fn = _B.hvd.broadcast_object_fn
 

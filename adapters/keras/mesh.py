@@ -7,7 +7,20 @@ from .agreement import allgather_fixed
 from .backend import BACKEND as _B
 
 _hvd = _B.hvd
-HV = _mesh.HorovodSets(_hvd.rank, _hvd.size, _hvd.ProcessSet, _hvd.add_process_set, _hvd.global_process_set)
+
+
+def _meet():
+    """Every rank of the job meets: horovod.torch's barrier; horovod.tensorflow has none, so an
+    allreduce of one number there."""
+    if hasattr(_hvd, "barrier"):
+        _hvd.barrier()
+    else:
+        import numpy as np
+        _hvd.allreduce(np.zeros(1, np.float32), name="hvdp.exit")
+
+
+HV = _mesh.HorovodSets(_hvd.rank, _hvd.size, _hvd.ProcessSet, _hvd.add_process_set, _hvd.global_process_set,
+                       meet=_meet)
 
 
 class ProcessMesh(_mesh.ProcessMesh):

@@ -32,10 +32,14 @@ from .ops import TorchOps  # noqa: F401
 from .optimizer import DistributedOptimizer  # noqa: F401
 from .outer import OuterOptimizer  # noqa: F401  (outer steps every H inner steps: hvdp.outer)
 from .watched import watched_collectives as _watched_collectives
+from hvdp.cluster import exits as _exits
 
 # Horovod's blocking collectives (hvd.allreduce, hvd.broadcast_object, ...) under the stall
 # watchdog: a rank that never arrives is named within HVDP_STALL_TIMEOUT_SECONDS
 globals().update(_watched_collectives())
+# Horovod's shutdown, first waiting for the other ranks to end where hvdp made process sets
+# smaller than the job (a two-level reduction, a mesh: hvdp.cluster.exits)
+shutdown = _exits.ending(shutdown)  # noqa: F405
 
 # hvdp's elastic module replaces horovod.torch.elastic (which the * import bound to this name,
 # so `from . import elastic` would silently return Horovod's)

@@ -7,7 +7,8 @@ from hvdp.cluster import mesh as _mesh
 from .agreement import allgather_fixed
 from .comm import TorchCollectives
 
-HV = _mesh.HorovodSets(_hvd.rank, _hvd.size, _hvd.ProcessSet, _hvd.add_process_set, _hvd.global_process_set)
+HV = _mesh.HorovodSets(_hvd.rank, _hvd.size, _hvd.ProcessSet, _hvd.add_process_set, _hvd.global_process_set,
+                       meet=_hvd.barrier)
 
 
 class ProcessMesh(_mesh.ProcessMesh):

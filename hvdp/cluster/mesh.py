@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from ..config import elastic_mode
+from . import exits
 
 AXES = ("pp", "dp", "tp")  # outermost first; the order of a rank's digits
 HOROVOD_DYNAMIC_PROCESS_SETS = "HOROVOD_DYNAMIC_PROCESS_SETS"
@@ -137,6 +138,9 @@ class HorovodSets(NamedTuple):
     ProcessSet: Callable[[Sequence[int]], Any]
     add_process_set: Callable[[Any], Any]
     global_process_set: Any
+    # a blocking collective over the whole job: once process sets smaller than the job are
+    # registered, a rank's normal end waits for it (hvdp.cluster.exits); None: no such wait
+    meet: Optional[Callable[[], None]] = None
 
 
 def dynamic_enabled(environ=None) -> bool:
@@ -214,6 +218,8 @@ def register_groups(hv: HorovodSets, groups: Sequence[Sequence[int]], what: str,
             raise error(f"hvdp: Horovod already has a process set with ranks {g} (registered at "
                         "hvd.init or by hand), which hvdp cannot look up: pass those ProcessSet "
                         f"objects as {pass_as}") from e
+    if hv.meet is not None and any(len(g) < hv.size() for g in groups):
+        exits.arm(hv.meet)  # the same groups on every rank: every rank arms
     return {tuple(g): _KNOWN[tuple(g)] for g in groups}
 
 

@@ -153,6 +153,23 @@ def torch_checks(mode, cluster=None):
         assert stats["hierarchical"] == "2 nodes x 2 ranks", stats["hierarchical"]
         assert stats["last_step"][c.name]["cross"] > 0, stats["last_step"]
         print(f"CHECK two_level torch-{mode}-{codec} OK rank={r} err={err:.3g}", flush=True)
+    if mode == "static":
+        node_b_ends_late(hvd, lambda ps: hvd.allreduce(torch.ones(4), op=hvd.Sum, name="late", process_set=ps),
+                         sets)
+
+
+def node_b_ends_late(hvd, local_sum, sets):
+    """Node A ends at once; node B's ranks sleep 2 s, then sum over their node's process set (as
+    the last node-local part of a two-level step does when node B is slower). Node A's exit must
+    not shut Horovod down under node B's collective (hvdp's exit wait, hvdp.cluster.exits)."""
+    import time
+    r = hvd.rank()
+    if hvd.cross_rank() == 1:
+        local = next(ps for ps in sets if sorted(ps.ranks) == [2, 3])
+        time.sleep(2.0)
+        total = float(np.asarray(local_sum(local)).sum())
+        assert total == 8.0, total
+        print(f"CHECK two_level late_node OK rank={r}", flush=True)
 
 
 def keras_checks():
@@ -160,7 +177,8 @@ def keras_checks():
     import keras
 
     import hvdp.keras as hvd
-    hvd.init(process_sets=hvd.hierarchical_process_sets())
+    sets = hvd.hierarchical_process_sets()
+    hvd.init(process_sets=sets)
     r = hvd.rank()
     rng = np.random.default_rng(7)
     x = rng.standard_normal((64, 32)).astype(np.float32)
@@ -190,6 +208,8 @@ def keras_checks():
     assert d_none <= 1e-5 * scale, d_none  # float32 summation order only
     assert d_int8 <= 2e-3 * scale, d_int8  # three steps of int8 with error feedback
     print(f"CHECK two_level keras OK rank={r} none={d_none:.3g} int8={d_int8:.3g}", flush=True)
+    node_b_ends_late(hvd, lambda ps: hvd.allreduce(np.ones(4, np.float32), op=hvd.Sum, name="late",
+                                                   process_set=ps), sets)
 
 
 if __name__ == "__main__":
