@@ -35,14 +35,14 @@ def digest(arrays):
     return hashlib.sha256(b"".join(a.tobytes() for a in arrays)).hexdigest()
 
 
-def end_step(state, block, size, log, sleep=0.0, extra=None):
+def end_step(state, block, size, log, sleep=0.0, extra=None, rank=None):
     """``block``: every rank's (sample ids, loss sum) of this step, from allgather_object;
-    ``extra``: more fields for this step's record."""
+    ``extra``: more fields for this step's record; ``rank``: this worker's rank now (recorded)."""
     state.sampler.record_batch()
     state.commits += 1
     ids = [i for part, _ in block for i in part]
     # logged before commit(): it saves first, then may raise to reset when hosts changed
-    log.write(commit=state.commits, epoch=state.epoch, t=time.time(), size=size, ids=ids,
+    log.write(commit=state.commits, epoch=state.epoch, t=time.time(), size=size, rank=rank, ids=ids,
               loss=sum(s for _, s in block) / max(1, len(ids)), **(extra or {}))
     state.commit()
     if sleep:

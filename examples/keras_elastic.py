@@ -90,7 +90,7 @@ def main():
                     (xtr[:1], ytr[:1], np.zeros(1, "float32"))
                 loss_sum = float(step(xb, yb, w))
                 block = hvd.allgather_object((list(map(int, idx)), loss_sum))
-                end_step(state, block, hvd.size(), log, args.step_sleep, outer_record())
+                end_step(state, block, hvd.size(), log, args.step_sleep, outer_record(), hvd.rank())
                 if dies and state.commits == args.die_at:
                     os.kill(os.getpid(), signal.SIGKILL)
             state.epoch += 1

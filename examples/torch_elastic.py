@@ -89,7 +89,7 @@ def main():
                     loss_sum = loss.item() * len(idx)
                 opt.step()
                 block = hvd.allgather_object((idx, loss_sum))  # this step's global sample ids
-                end_step(state, block, hvd.size(), log, args.step_sleep, outer_record())
+                end_step(state, block, hvd.size(), log, args.step_sleep, outer_record(), hvd.rank())
                 if args.checkpoint and state.commits % args.checkpoint_every == 0:
                     hvd.save_checkpoint(args.checkpoint, model, opt, commits=state.commits)
                 if dies and state.commits == args.die_at:

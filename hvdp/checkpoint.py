@@ -12,6 +12,8 @@ import os
 import tempfile
 from typing import Any, Callable, IO, Optional
 
+from .cluster.flight import RECORDER as FLIGHT
+
 
 class CheckpointWriteError(OSError):
     """A checkpoint could not be written; the file at ``filename`` (if any) is the previous one,
@@ -109,7 +111,8 @@ def rank0_writes(write: Callable[[], Any], rank: int, broadcast_object: Callable
                        "errno": getattr(e, "errno", None), "strerror": getattr(e, "strerror", None),
                        "filename": path}
             cause = e
-    failure = broadcast_object(failure, root_rank=0, name=name)
+    with FLIGHT.around(name, "broadcast_object"):  # where a rank killed while writing leaves the others
+        failure = broadcast_object(failure, root_rank=0, name=name)
     if failure is not None:
         failure = dict(failure, message=f"{what}: rank 0 {failure['message']} No rank has saved.")
         raise CheckpointWriteError(**failure) from cause

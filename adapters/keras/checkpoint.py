@@ -23,6 +23,7 @@ import keras
 import numpy as np
 
 from hvdp.checkpoint import atomic_save, rank0_writes
+from hvdp.cluster.flight import RECORDER as FLIGHT
 
 from .backend import BACKEND as B
 from .state import outer_of, state_of
@@ -41,7 +42,8 @@ def gather_residuals(model):
     state = red.residual_state() if red is not None else None
     if state is None:  # the same on every rank: the ranks-agree check compared the codecs
         return None
-    return B.hvd.allgather_object(state, name="hvdp.ckpt.residuals")
+    with FLIGHT.around("hvdp.ckpt.residuals", "allgather_object"):
+        return B.hvd.allgather_object(state, name="hvdp.ckpt.residuals")
 
 
 def _append(path, per_rank, extra):
@@ -93,7 +95,8 @@ def gather_outer(model):
         return None
     shared = outer.loop.state()  # raises, saying so, while a fragment is in flight
     engines = shared.pop("engines")
-    return shared, B.hvd.allgather_object(engines, name="hvdp.ckpt.outer")
+    with FLIGHT.around("hvdp.ckpt.outer", "allgather_object"):
+        return shared, B.hvd.allgather_object(engines, name="hvdp.ckpt.outer")
 
 
 def _append_outer(path, outer):

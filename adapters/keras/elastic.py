@@ -16,6 +16,7 @@ import numpy as np
 from horovod.common.elastic import ObjectState
 
 from hvdp.cluster.elastic import ElasticOrder
+from hvdp.cluster.flight import recorded_attempts
 
 from .backend import BACKEND as B
 from .elastic_callbacks import CommitStateCallback, UpdateBatchStateCallback, UpdateEpochStateCallback  # noqa: F401
@@ -28,7 +29,7 @@ _hvd = B.hvd
 def run(func):
     """Horovod's elastic ``run`` for the backend: re-sync after a reset, roll back after a failure
     (on TensorFlow every failed Horovod op resets, see ``_backend_tf.TFBackend.elastic_run``)."""
-    return B.elastic_run(func)
+    return B.elastic_run(recorded_attempts(func))
 
 
 class ElasticSampler(ElasticOrder):

@@ -20,6 +20,7 @@ import horovod.torch as _hvd
 import torch
 
 from hvdp.checkpoint import atomic_write, rank0_writes
+from hvdp.cluster.flight import RECORDER as FLIGHT
 
 
 def save_checkpoint(path, model, optimizer=None, **extra):
@@ -37,7 +38,8 @@ def save_checkpoint(path, model, optimizer=None, **extra):
     opt_state = optimizer.state_dict() if optimizer is not None else None
     per_rank = None
     if opt_state is not None and "hvdp" in opt_state:
-        per_rank = _hvd.allgather_object(opt_state.pop("hvdp"), name="hvdp.ckpt.gather")
+        with FLIGHT.around("hvdp.ckpt.gather", "allgather_object"):
+            per_rank = _hvd.allgather_object(opt_state.pop("hvdp"), name="hvdp.ckpt.gather")
     def write():
         state = {"model": model.state_dict(), "optimizer": opt_state, "hvdp_per_rank": per_rank,
                  "size": _hvd.size(), "extra": extra}

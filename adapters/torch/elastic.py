@@ -25,15 +25,23 @@ import copy
 import horovod.torch as _hvd
 import torch
 from horovod.torch.elastic import *  # noqa: F401,F403  (run, TorchState, ObjectState, ...)
-from horovod.torch.elastic import TorchState, run  # noqa: F401
+from horovod.torch.elastic import TorchState  # noqa: F401
+from horovod.torch.elastic import run as _horovod_run
 from horovod.torch.elastic.state import (OptimizerStateHandler, StateHandler, get_handler_registry,
                                          set_handler_registry)
 
 from hvdp.cluster.elastic import ElasticOrder
+from hvdp.cluster.flight import recorded_attempts
 
 from .functions import broadcast_optimizer_state
 from .outer import is_outer_class
 from .tensors import broadcast_
+
+
+def run(func):
+    """Horovod's ``hvd.elastic.run``; each attempt also starts a new world in the flight record, and
+    the state's broadcasts are recorded (``hvdp.cluster.flight.recorded_attempts``)."""
+    return _horovod_run(recorded_attempts(func))
 
 
 class ElasticSampler(ElasticOrder, torch.utils.data.Sampler):

@@ -40,7 +40,8 @@ import sys
 import threading
 import time
 from collections import deque
-from typing import Callable, Dict, List, Optional
+from contextlib import contextmanager
+from typing import Callable, Dict, Iterator, List, Optional
 
 from ..config import flight_dir, flight_records
 
@@ -89,6 +90,7 @@ class FlightRecorder:
         self._rank: Optional[int] = None
         self._size: Optional[int] = None
         self.reasons: List[dict] = []              # why it was dumped, in order
+        self.resets = 0                            # elastic resets this process went through
         # dumps only (the watchdog, signals, the main thread); re-entrant: a signal handler may
         # run on the main thread in the middle of its own dump
         self._lock = threading.RLock()
@@ -127,6 +129,28 @@ class FlightRecorder:
         if state == DONE:
             self.finished[rec[NAME]] = self.finished.get(rec[NAME], 0) + 1
 
+    @contextmanager
+    def around(self, name: str, phase: str, nbytes: int = -1) -> Iterator[None]:
+        """One blocking call recorded as a collective: Horovod's module collectives as user code
+        calls them through hvdp (``hvdp.cluster.watchdog``), an elastic state's broadcasts."""
+        rec = self.start(name, "none", phase, nbytes)
+        try:
+            yield
+        except BaseException:
+            self.end(rec, FAILED)
+            raise
+        self.end(rec)
+
+    def new_world(self) -> None:
+        """After an elastic reset, on every rank at the same point (``hvd.elastic.run``'s next
+        attempt): the n-th collective of a name is counted from here, so that a worker that joined
+        now and one that was there from the start number the collectives they will meet alike.
+        The ring is emptied (its records belong to the world before); the dump counts resets."""
+        self.resets += 1
+        self.started, self.finished = {}, {}
+        if self._ring is not None:
+            self._ring.clear()
+
     # --- identity -------------------------------------------------------------------------------
     def attach(self, get_rank: Callable[[], int], get_size: Callable[[], int]) -> None:
         """Where this process's rank and the job's size come from (read while Horovod is up)."""
@@ -151,7 +175,8 @@ class FlightRecorder:
         records = tuple(self._ring or ())  # one C-level copy: safe against a concurrent append
         return {"version": VERSION, "rank": rank, "size": size, "host": socket.gethostname(),
                 "pid": os.getpid(), "job": job_id(), "time": self._clock(),
-                "capacity": self.capacity, "reasons": list(self.reasons), "fields": list(FIELDS),
+                "capacity": self.capacity, "resets": self.resets, "reasons": list(self.reasons),
+                "fields": list(FIELDS),
                 "started": dict(self.started), "finished": dict(self.finished),
                 "records": [list(r) for r in records]}
 
@@ -285,3 +310,30 @@ class FlightRecorder:
 
 
 RECORDER = FlightRecorder()
+
+
+def recorded_attempts(func: Callable) -> Callable:
+    """``func`` as an elastic ``run`` calls it, once per attempt (after the reset and the state's
+    sync, on every rank): each attempt starts a new world in the flight record
+    (:meth:`FlightRecorder.new_world`), and the state's own broadcasts (its sync, the host check of
+    every ``commit``) are recorded as ``hvd.elastic.broadcast_object``; an attempt that ends with an
+    error (a collective failed: the state rolls back) dumps the record. The adapters' ``run``."""
+    import functools
+
+    @functools.wraps(func)
+    def attempt(state, *args, **kwargs):
+        RECORDER.new_world()
+        bcast = getattr(state, "_bcast_object", None)  # Horovod's State keeps its broadcast there
+        if bcast is not None and not getattr(bcast, "_hvdp_recorded", False):
+            def recorded(obj, *a, **k):
+                with RECORDER.around("hvd.elastic.broadcast_object", "broadcast_object"):
+                    return bcast(obj, *a, **k)
+            recorded._hvdp_recorded = True
+            state._bcast_object = recorded
+        try:
+            return func(state, *args, **kwargs)
+        except BaseException as e:  # a failed collective (the state rolls back): dumped, whatever
+            if type(e).__name__ != "HostsUpdatedInterrupt":  # raised it (not a host added)
+                RECORDER.dump(f"elastic attempt ended: {type(e).__name__}: {str(e)[:300]}")
+            raise
+    return attempt

@@ -153,7 +153,8 @@ class StallWatchdog:
         """``fn`` (a blocking collective of Horovod's module, as user code calls it) with each
         call under :meth:`waiting`, named ``<label>(name='<its name argument>')``; ``label``:
         ``hvd.<fn's name>``. ``tracing()``: True while a graph is traced (the call only adds an
-        op to it, nothing waits: not timed). Costs a context manager per call.
+        op to it, nothing waits: not timed). Each call is also in the flight record
+        (``hvdp.cluster.flight``) under that name. Costs two context managers per call.
 
         Example::
 
@@ -174,7 +175,8 @@ class StallWatchdog:
             name = kwargs.get("name")
             if name is None and pos is not None and len(args) > pos:
                 name = args[pos]
-            with self.waiting(label if name is None else f"{label}(name={name!r})"):
+            what = label if name is None else f"{label}(name={name!r})"
+            with self.waiting(what), FLIGHT.around(what, fn.__name__):  # also in the flight record
                 return fn(*args, **kwargs)
         return call
 

@@ -129,6 +129,12 @@ def survivors_failed_in(flight_dir, t0, t1):
     return sorted(seen)
 
 
+def rank_of(records, tag):
+    """The rank of worker ``tag`` (host-localrank-pid) in its last audit record, or None."""
+    mine = [r for r in records if r.get("file") == f"log-{tag}.jsonl" and r.get("rank") is not None]
+    return max(mine, key=lambda r: r["t"])["rank"] if mine else None
+
+
 def trace_at(flight_dir, t0, size=3):
     """What ``python -m hvdp trace`` makes of the dumps written since ``t0`` (the survivors', on the
     failure; the killed worker leaves none) in a world of ``size``: {"name", "nth", "ranks": {state:
@@ -243,7 +249,7 @@ def run(work, kills, seed=0, compression="int8", script="torch_elastic.py", env_
                                     tag, pid = rng.choice(workers)
                                     os.kill(pid, signal.SIGKILL)
                                     done_kills.append({"t": time.time(), "commit": done, "worker": tag,
-                                                       "moment": "random"})
+                                                       "moment": "random", "rank": rank_of(records, tag)})
                                     next_at = None
                                 else:  # a checkpoint (rank 0 writes) or "<moment>@<rank>": every
                                     # worker (the one that has the rank fires); else one at random

@@ -13,7 +13,7 @@ import pytest
 
 from hvdp import codecs
 from hvdp.cluster import flight, trace
-from hvdp.cluster.flight import FlightRecorder
+from hvdp.cluster.flight import FIELDS, FlightRecorder
 from hvdp.ops import NumpyOps
 from hvdp.reduce import recorded
 from hvdp.reduce.engine import Engine
@@ -327,3 +327,97 @@ def test_a_forked_child_signal_does_not_reach_the_parent(tmp_path):
     r = subprocess.run([sys.executable, "-c", FORKED, str(tmp_path)], capture_output=True, text=True,
                        timeout=60, cwd=ROOT)
     assert r.returncode == 0 and "ALIVE" in r.stdout, r.stderr
+
+
+def test_a_new_world_numbers_collectives_alike_on_an_old_and_a_joined_worker(monkeypatch):
+    # an elastic reset: the worker there from the start has done 40 steps, the one that joined
+    # none; from the next attempt both count from 0, so the trace meets their collectives
+    old, new = recorder(rank=0), recorder(rank=1)
+    for _ in range(40):
+        old.end(old.start("hvdp.opt0.a2a.b0", "int8", "alltoall", 64))
+    for rec in (old, new):
+        rec.new_world()
+        rec.end(rec.start("hvdp.opt0.a2a.b0", "int8", "alltoall", 64))
+        rec.start("hvdp.opt0.ag.b0", "int8", "allgather", 16)      # rank 2 killed: no dump
+    assert old.snapshot()["resets"] == 1 and old.started == new.started == {"hvdp.opt0.a2a.b0": 1,
+                                                                             "hvdp.opt0.ag.b0": 1}
+    dumps = {r: dict(d, records=[dict(zip(d["fields"], x)) for x in d["records"]])
+             for r, d in ((0, old.snapshot()), (1, new.snapshot()))}  # as trace.load reads them
+    div = trace.analyse(dumps, size=3)
+    assert div.key == ("hvdp.opt0.ag.b0", 0) and div.by_state == {"started": [0, 1], "unknown": [2]}
+
+
+def test_around_records_a_blocking_call_and_its_failure():
+    rec = recorder()
+    with rec.around("hvd.allgather_object", "allgather_object"):
+        pass
+    with pytest.raises(RuntimeError):
+        with rec.around("hvd.elastic.broadcast_object", "broadcast_object"):
+            raise RuntimeError("Horovod has been shut down")
+    rows = [dict(zip(FIELDS, r)) for r in rec.snapshot()["records"]]
+    assert [(r["name"], r["phase"], r["state"]) for r in rows] == [
+        ("hvd.allgather_object", "allgather_object", "done"),
+        ("hvd.elastic.broadcast_object", "broadcast_object", "failed")]
+
+
+def test_elastic_attempts_start_a_new_world_and_record_the_state_broadcast(monkeypatch):
+    rec = recorder()
+    monkeypatch.setattr(flight, "RECORDER", rec)
+
+    class State:  # Horovod's State keeps the broadcast its commit and sync use in _bcast_object
+        def __init__(self):
+            self._bcast_object = lambda obj: obj
+
+        def commit(self):
+            return self._bcast_object(("host", "update"))
+
+    state, seen = State(), []
+
+    def train(state):
+        seen.append(dict(rec.started))
+        state.commit()
+        return state.commit()
+    attempt = flight.recorded_attempts(train)
+    rec.end(rec.start("before", "none", "x", 1))
+    assert attempt(state) == ("host", "update")
+    assert attempt(state) == ("host", "update")  # a second attempt: wrapped once, counted anew
+    assert seen == [{}, {}] and rec.resets == 2
+    assert rec.started == rec.finished == {"hvd.elastic.broadcast_object": 2}
+
+
+def test_user_collectives_through_hvdp_are_in_the_record(monkeypatch):
+    from hvdp.cluster import watchdog
+    rec = recorder()
+    monkeypatch.setattr(watchdog, "FLIGHT", rec)
+    d = watchdog.StallWatchdog(0, lambda: 0, lambda: 2, None, lambda: None, start_thread=False)
+
+    def allgather_object(obj, name=None):
+        return [obj, obj]
+    watched = d.watched(allgather_object)
+    assert watched(1) == [1, 1] and watched(2, name="ids") == [2, 2]
+    assert rec.finished == {"hvd.allgather_object": 1, "hvd.allgather_object(name='ids')": 1}
+
+
+def test_an_elastic_attempt_that_fails_dumps_one_that_is_interrupted_does_not(monkeypatch, tmp_path):
+    rec = recorder(directory=str(tmp_path))
+    monkeypatch.setattr(flight, "RECORDER", rec)
+
+    class HostsUpdatedInterrupt(RuntimeError):  # Horovod's: hosts were added, nothing failed
+        pass
+
+    def interrupted(state):
+        rec.start("hvdp.opt0.a2a.b0", "int8", "alltoall", 64)
+        raise HostsUpdatedInterrupt()
+
+    def failed(state):
+        rec.start("hvdp.opt0.a2a.b0", "int8", "alltoall", 64)
+        raise RuntimeError("Horovod has been shut down")
+    with pytest.raises(HostsUpdatedInterrupt):
+        flight.recorded_attempts(interrupted)(object())
+    assert not os.listdir(tmp_path)
+    with pytest.raises(RuntimeError):
+        flight.recorded_attempts(failed)(object())
+    with open(tmp_path / "rank-0.json") as f:
+        d = json.load(f)
+    assert "elastic attempt ended: RuntimeError: Horovod has been shut down" in d["reasons"][0]["reason"]
+    assert d["started"] == {"hvdp.opt0.a2a.b0": 1} and d["resets"] == 2
