@@ -11,6 +11,7 @@ import tensorflow as tf
 from horovod.common.elastic import run_fn
 from horovod.common.exceptions import HorovodInternalError
 
+from hvdp.cluster.flight import RECORDER as FLIGHT
 from hvdp.cluster.reports import collective_failed
 
 from .comm import TFCollectives, op_name
@@ -100,6 +101,8 @@ def _watch_counters(dog, name):
                            tf.Variable(0, dtype=tf.int64, trainable=False, name="hvdp_waits_ended"))
         begun, ended = _WATCH["v"]
         dog.poll(name, lambda: (int(begun.numpy()), int(ended.numpy()), _tf_calls()))
+        # the flight record counts them too: a traced step's reductions are in no Python call
+        FLIGHT.count_outside("hvdp.keras.traced_step", lambda: (int(begun.numpy()), int(ended.numpy())))
     return _WATCH["v"]
 
 

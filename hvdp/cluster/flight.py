@@ -41,7 +41,7 @@ import threading
 import time
 from collections import deque
 from contextlib import contextmanager
-from typing import Callable, Dict, Iterator, List, Optional
+from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
 from ..config import flight_dir, flight_records
 
@@ -91,6 +91,10 @@ class FlightRecorder:
         self._size: Optional[int] = None
         self.reasons: List[dict] = []              # why it was dumped, in order
         self.resets = 0                            # elastic resets this process went through
+        # name -> read() -> (begun, ended): collectives no Python call brackets (count_outside),
+        # and their counts when this world began
+        self._outside: Dict[str, Callable[[], Tuple[int, int]]] = {}
+        self._outside_base: Dict[str, Tuple[int, int]] = {}
         # dumps only (the watchdog, signals, the main thread); re-entrant: a signal handler may
         # run on the main thread in the middle of its own dump
         self._lock = threading.RLock()
@@ -141,6 +145,26 @@ class FlightRecorder:
             raise
         self.end(rec)
 
+    def count_outside(self, name: str, read: Callable[[], Tuple[int, int]]) -> None:
+        """Collectives that run where no Python call brackets them: a traced Keras step's, inside
+        TensorFlow's executor, which count the reductions they begin and end (``read() ->
+        (begun, ended)``, counted from 0 when registered). A dump adds them to the counts under
+        ``name`` and, where one is in flight, a record of it (started; its start time unknown:
+        the dump's)."""
+        self._outside[name] = read
+        self._outside_base[name] = (0, 0)
+
+    def _outside_now(self) -> Dict[str, Tuple[int, int]]:
+        out = {}
+        for name, read in self._outside.items():
+            try:
+                begun, ended = read()
+            except Exception:  # the counters' framework is gone: nothing to add
+                continue
+            b0, e0 = self._outside_base.get(name, (0, 0))
+            out[name] = (int(begun) - b0, int(ended) - e0)
+        return out
+
     def new_world(self) -> None:
         """After an elastic reset, on every rank at the same point (``hvd.elastic.run``'s next
         attempt): the n-th collective of a name is counted from here, so that a worker that joined
@@ -148,6 +172,9 @@ class FlightRecorder:
         The ring is emptied (its records belong to the world before); the dump counts resets."""
         self.resets += 1
         self.started, self.finished = {}, {}
+        for name, (b, e) in self._outside_now().items():
+            b0, e0 = self._outside_base.get(name, (0, 0))
+            self._outside_base[name] = (b + b0, e + e0)
         if self._ring is not None:
             self._ring.clear()
 
@@ -172,13 +199,17 @@ class FlightRecorder:
         rank, size = self._identity()
         if reason is not None:
             self.reasons.append({"time": self._clock(), "reason": reason[:2000]})
-        records = tuple(self._ring or ())  # one C-level copy: safe against a concurrent append
+        records = [list(r) for r in tuple(self._ring or ())]  # one C-level copy: safe against an append
+        started, finished, now = dict(self.started), dict(self.finished), self._clock()
+        for name, (begun, ended) in self._outside_now().items():
+            started[name], finished[name] = begun, ended
+            if begun > ended:  # in flight (the n-th of them, n = those ended)
+                records.append([0, name, ended, "", "inside TensorFlow's executor", -1, -1, now, None, STARTED])
         return {"version": VERSION, "rank": rank, "size": size, "host": socket.gethostname(),
                 "pid": os.getpid(), "job": job_id(), "time": self._clock(),
                 "capacity": self.capacity, "resets": self.resets, "reasons": list(self.reasons),
                 "fields": list(FIELDS),
-                "started": dict(self.started), "finished": dict(self.finished),
-                "records": [list(r) for r in records]}
+                "started": started, "finished": finished, "records": records}
 
     def path(self, directory: Optional[str] = None) -> str:
         d = directory or self._directory or flight_dir()

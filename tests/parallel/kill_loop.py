@@ -154,6 +154,18 @@ def trace_at(flight_dir, t0, size=3):
     return None if div is None else {"name": div.key[0], "nth": div.key[1], "ranks": div.by_state}
 
 
+def trace_names_the_kill(k, size=3):
+    """Whether kill ``k``'s merged trace names a collective with the killed rank as the one
+    without a dump and every other rank in it, not done (failed, in flight, never reached)."""
+    t = k.get("trace")
+    if not t or k.get("rank") is None:
+        return False
+    ranks = t["ranks"]
+    return (ranks.get("unknown") == [k["rank"]]
+            and set(ranks) - {"unknown"} <= {"failed", "started", "unreached", "refused"}
+            and sorted(r for rs in ranks.values() for r in rs) == list(range(size)))
+
+
 KILL_AT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "workers", "kill_at.py")
 
 
@@ -319,6 +331,7 @@ def main():
         sys.exit(1)
     steps, finals, superseded = audit_chain(res["log_dir"], NUM_TRAIN, epochs)
     print(json.dumps({"kills_survived": len(res["kills"]), "kills_attempted": args.kills,
+                      "kills_traced": sum(trace_names_the_kill(k) for k in res["kills"]),
                       "recovery_median_s": round(statistics.median(k["recovery"] for k in res["kills"]), 2),
                       "recovery_max_s": round(max(k["recovery"] for k in res["kills"]), 2),
                       "committed_steps": len(steps), "superseded_records": superseded,

@@ -42,6 +42,15 @@ def check_run(res, epochs, moments):
     return finals[0]
 
 
+def check_traces(res):
+    """Every kill: the merged flight record (python -m hvdp trace) of the survivors' dumps names the
+    collective they were in or never got past, the survivors in it and the killed rank as the one
+    without a dump (a random kill's rank: the worker's last audit record). -> moment: name."""
+    for k in res["kills"]:
+        assert kl.trace_names_the_kill(k), k
+    return {k["moment"]: k["trace"]["name"] for k in res["kills"]}
+
+
 @pytest.mark.timeout(1000)  # the reference, the kill run and a second one where Horovod aborted
 def test_kill_loop_torch_int8_with_checkpoints(tmp_path):
     hosts, why = kl.three_hosts()
@@ -57,17 +66,9 @@ def test_kill_loop_torch_int8_with_checkpoints(tmp_path):
     res = run_with_retry(tmp_path, len(moments), seed=1, epochs=epochs, timeout=400, extra=extra,
                          moments=moments)
     final = check_run(res, epochs, moments)
-    # every kill: the merged flight record (python -m hvdp trace) of the survivors' dumps names the
-    # collective they were in or never got past, the survivors in it and the killed rank without a
-    # dump (a random kill's rank: the worker's last audit record); the kill inside a two-phase
-    # reduction names hvdp's allgather, the one inside a commit the state's broadcast
-    for k in res["kills"]:
-        trace = k.get("trace")
-        assert trace and k.get("rank") is not None, k
-        assert trace["ranks"].get("unknown") == [k["rank"]], k
-        assert set(trace["ranks"]) - {"unknown"} <= {"failed", "started", "unreached", "refused"}, k
-        assert sorted(r for rs in trace["ranks"].values() for r in rs) == [0, 1, 2], k
-    named = {k["moment"]: k["trace"]["name"] for k in res["kills"]}
+    # the kill inside a two-phase reduction names hvdp's allgather, the one inside a commit the
+    # state's broadcast
+    named = check_traces(res)
     assert named["phase2"].startswith("hvdp.opt0.hvdp.ag."), named
     assert named["commit"] == "hvd.elastic.broadcast_object", named
     # within noise of the run without kills (lr follows the number of workers, so not equal)
@@ -97,6 +98,9 @@ def test_kill_loop_keras_int4(tmp_path):
                          epochs=epochs, timeout=400, moments=moments)
     final = check_run(res, epochs, moments)
     assert final["test_accuracy"] >= 0.9, final
+    # the traced step's reductions run inside TensorFlow's executor: the record counts them
+    named = check_traces(res)
+    assert named["commit"] == "hvd.elastic.broadcast_object", named
 
 
 @pytest.mark.timeout(900)
@@ -114,3 +118,4 @@ def test_kill_loop_torch_auto_inside_the_trial(tmp_path):
                          moments=moments)
     final = check_run(res, epochs, moments)
     assert final["test_accuracy"] >= 0.8, final  # it trained (0.92 seen; chance 0.1): 4 epochs only
+    check_traces(res)

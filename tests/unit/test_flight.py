@@ -421,3 +421,20 @@ def test_an_elastic_attempt_that_fails_dumps_one_that_is_interrupted_does_not(mo
         d = json.load(f)
     assert "elastic attempt ended: RuntimeError: Horovod has been shut down" in d["reasons"][0]["reason"]
     assert d["started"] == {"hvdp.opt0.a2a.b0": 1} and d["resets"] == 2
+
+
+def test_collectives_counted_outside_python_are_in_the_dump_and_the_new_world():
+    # a traced Keras step counts its reductions in two variables; rank 2 was killed in the 3rd
+    # reduction of the world that began at the reset (after 5 before it)
+    ranks = {}
+    for r in (0, 1):
+        rec, counts = recorder(rank=r, size=3), [5, 5]
+        rec.count_outside("hvdp.keras.traced_step", lambda c=counts: tuple(c))
+        rec.new_world()
+        counts[:] = [8, 7]
+        ranks[r] = rec.snapshot()
+        assert ranks[r]["started"] == {"hvdp.keras.traced_step": 3}
+        assert ranks[r]["finished"] == {"hvdp.keras.traced_step": 2}
+    dumps = {r: dict(d, records=[dict(zip(d["fields"], x)) for x in d["records"]]) for r, d in ranks.items()}
+    div = trace.analyse(dumps, size=3)
+    assert div.key == ("hvdp.keras.traced_step", 2) and div.by_state == {"started": [0, 1], "unknown": [2]}
