@@ -23,6 +23,7 @@ smaller process sets there).
 from __future__ import annotations
 
 import atexit
+import functools
 import sys
 import threading
 from typing import Callable, List, Optional
@@ -98,13 +99,14 @@ def wait_for_the_others() -> Optional[bool]:
     return met
 
 
-def ending(shutdown: Callable[[], None]) -> Callable[[], None]:
-    """Horovod's ``shutdown`` as the adapters offer it: the wait for the other ranks first."""
-    def shutdown_after_the_others() -> None:
+def ending(shutdown: Callable[..., None]) -> Callable[..., None]:
+    """Horovod's ``shutdown`` as the adapters offer it (its signature, which ``inspect`` reads
+    through ``__wrapped__``): the wait for the other ranks first."""
+    @functools.wraps(shutdown)
+    def shutdown_after_the_others(*args, **kwargs) -> None:
         wait_for_the_others()
-        shutdown()
+        shutdown(*args, **kwargs)
     shutdown_after_the_others.__doc__ = (shutdown.__doc__ or "") + (
         "\n\nhvdp: where process sets smaller than the job are in use, it first waits (at most "
         "HVDP_EXIT_WAIT_SECONDS) for the other ranks to end (hvdp.cluster.exits).")
-    shutdown_after_the_others.__name__ = "shutdown"
     return shutdown_after_the_others

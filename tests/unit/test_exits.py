@@ -71,12 +71,17 @@ def test_a_failed_meet_is_no_wait(fresh):
     assert exits.meet_within(shut_down, 5) is None
 
 
-def test_shutdown_waits_first(fresh):
+def test_shutdown_waits_first_and_keeps_horovods_signature(fresh):
+    import inspect
     order = []
+
+    def shutdown(*args, **kwargs):  # horovod.torch's: shutdown(*args, **kwargs)
+        order.append("shutdown")
     exits.arm(lambda: order.append("meet"))
-    shutdown = exits.ending(lambda: order.append("shutdown"))
-    shutdown()
-    assert order == ["meet", "shutdown"] and shutdown.__name__ == "shutdown"
+    ours = exits.ending(shutdown)
+    ours()
+    assert order == ["meet", "shutdown"] and ours.__name__ == "shutdown"
+    assert list(inspect.signature(ours).parameters) == ["args", "kwargs"]
 
 
 def test_bad_setting_is_named_by_the_doctor(monkeypatch):
