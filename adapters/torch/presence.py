@@ -14,8 +14,6 @@ from typing import List, Optional, Sequence
 import horovod.torch as _hvd
 import torch
 
-from hvdp.cluster.flight import FAILED, RECORDER as FLIGHT
-
 from .comm import synchronize
 
 
@@ -24,32 +22,23 @@ class Presence:
         self._comm = comm
         self._handle = None
         self._counts: Optional[torch.Tensor] = None
-        self._rec = None  # its flight record (hvdp.cluster.flight): a rank killed while the others
-                          # wait for this sum is named where they wait
 
     def reset(self) -> None:
         """Drop what a failed step left (its collective is gone with Horovod's reset)."""
-        self._handle, self._counts, self._rec = None, None, None
+        self._handle, self._counts = None, None
 
     def submit(self, present: Sequence[bool], device) -> None:
         self.finish_previous()
         self._counts = torch.tensor([1.0 if x else 0.0 for x in present], device=device)
         if self._comm.size > 1 and len(present):
             # '#' is in no parameter name, so no parameter's allreduce has this name
-            name = self._comm.scope + "hvdp#present"
-            self._handle = _hvd.allreduce_async_(self._counts, name=name, op=_hvd.Sum,
-                                                 process_set=self._comm.process_set)
-            self._rec = FLIGHT.start(name, "none", "allreduce (presence)", 4 * len(present))
+            self._handle = _hvd.allreduce_async_(self._counts, name=self._comm.scope + "hvdp#present",
+                                                 op=_hvd.Sum, process_set=self._comm.process_set)
 
     def finish_previous(self) -> None:
         if self._handle is not None:  # one name in flight at a time
-            try:
-                synchronize(self._handle, self._comm.scope + "hvdp#present")
-            except BaseException:
-                FLIGHT.end(self._rec, FAILED)
-                raise
-            FLIGHT.end(self._rec)
-            self._handle, self._rec = None, None
+            synchronize(self._handle, self._comm.scope + "hvdp#present")
+            self._handle = None
 
     def nobody_had(self, indices: Sequence[int]) -> List[bool]:
         """For parameters (by index) this rank filled with zeros: did no rank have a gradient?"""
