@@ -15,8 +15,7 @@ import keras
 import numpy as np
 from horovod.common.elastic import ObjectState
 
-from hvdp.cluster.elastic import ElasticOrder
-from hvdp.cluster.flight import recorded_attempts
+from hvdp.cluster.elastic import ElasticOrder, recorded_attempts
 
 from .backend import BACKEND as B
 from .elastic_callbacks import CommitStateCallback, UpdateBatchStateCallback, UpdateEpochStateCallback  # noqa: F401

@@ -30,8 +30,7 @@ from horovod.torch.elastic import run as _horovod_run
 from horovod.torch.elastic.state import (OptimizerStateHandler, StateHandler, get_handler_registry,
                                          set_handler_registry)
 
-from hvdp.cluster.elastic import ElasticOrder
-from hvdp.cluster.flight import recorded_attempts
+from hvdp.cluster.elastic import ElasticOrder, recorded_attempts
 
 from .functions import broadcast_optimizer_state
 from .outer import is_outer_class
@@ -40,7 +39,7 @@ from .tensors import broadcast_
 
 def run(func):
     """Horovod's ``hvd.elastic.run``; each attempt also starts a new world in the flight record, and
-    the state's broadcasts are recorded (``hvdp.cluster.flight.recorded_attempts``)."""
+    the state's broadcasts are recorded (``hvdp.cluster.elastic.recorded_attempts``)."""
     return _horovod_run(recorded_attempts(func))
 
 

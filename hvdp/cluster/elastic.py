@@ -13,11 +13,17 @@ for ``DataLoader(sampler=...)`` that yields this rank's sample indices of the re
 (elements r, r + size, ... of it), padded as Horovod pads, by repeating its first samples, so
 every rank has the same number (with the data loader's batches unknown, the ranks' step counts
 must match); ``record_batch(batch_idx, batch_size)`` counts ``batch_size * size`` samples.
+
+Also :func:`recorded_attempts`, what the adapters' ``hvd.elastic.run`` wraps around each attempt
+for the flight record (``hvdp.cluster.flight``).
 """
 from __future__ import annotations
 
+import functools
 import random
 from typing import Callable, Iterator, List, Optional, Union
+
+from . import flight as _flight
 
 
 class ElasticOrder:
@@ -110,3 +116,28 @@ class ElasticOrder:
 
     def load_state_dict(self, state: dict) -> None:
         self.epoch, self.processed, self._last_block = int(state["epoch"]), int(state["processed"]), 0
+
+
+def recorded_attempts(func: Callable) -> Callable:
+    """``func`` as an elastic ``run`` calls it, once per attempt (after the reset and the state's
+    sync, on every rank): each attempt starts a new world in the flight record
+    (``FlightRecorder.new_world``), and the state's own broadcasts (its sync, the host check of
+    every ``commit``) are recorded as ``hvd.elastic.broadcast_object``; an attempt that ends with an
+    error (a collective failed: the state rolls back) dumps the record. The adapters' ``run``."""
+    @functools.wraps(func)
+    def attempt(state, *args, **kwargs):
+        _flight.RECORDER.new_world()
+        bcast = getattr(state, "_bcast_object", None)  # Horovod's State keeps its broadcast there
+        if bcast is not None and not getattr(bcast, "_hvdp_recorded", False):
+            def recorded(obj, *a, **k):
+                with _flight.RECORDER.around("hvd.elastic.broadcast_object", "broadcast_object"):
+                    return bcast(obj, *a, **k)
+            recorded._hvdp_recorded = True
+            state._bcast_object = recorded
+        try:
+            return func(state, *args, **kwargs)
+        except BaseException as e:  # a failed collective (the state rolls back): dumped, whatever
+            if type(e).__name__ != "HostsUpdatedInterrupt":  # raised it (not a host added)
+                _flight.RECORDER.dump(f"elastic attempt ended: {type(e).__name__}: {str(e)[:300]}")
+            raise
+    return attempt

@@ -54,9 +54,10 @@ def ended_by_error() -> bool:
     return getattr(sys, "last_value", None) is not None or getattr(sys, "last_exc", None) is not None
 
 
-def meet_within(meet: Callable[[], None], timeout_s: float) -> Optional[bool]:
-    """``meet()`` in a thread of its own: True where it returned within ``timeout_s``, False where it
-    did not (the thread is left to Horovod's shutdown, which fails it), None where it raised."""
+def meet_within(meet: Callable[[], None], timeout_s: float, name: str = "hvdp-exit") -> Optional[bool]:
+    """``meet()`` in a thread of its own (named ``name``): True where it returned within
+    ``timeout_s``, False where it did not (the thread is left to Horovod's shutdown, which fails
+    it), None where it raised."""
     done, ok = threading.Event(), []
 
     def run():
@@ -67,7 +68,7 @@ def meet_within(meet: Callable[[], None], timeout_s: float) -> Optional[bool]:
             pass
         finally:
             done.set()
-    threading.Thread(target=run, name="hvdp-exit", daemon=True).start()
+    threading.Thread(target=run, name=name, daemon=True).start()
     if not done.wait(timeout_s):
         return False
     return True if ok else None

@@ -36,12 +36,12 @@ import atexit
 import json
 import os
 import sys
-import threading
 import time
 from contextlib import contextmanager
 from typing import Callable, Iterator, List, Optional
 
 from .boards import board_from_env
+from .exits import meet_within
 from .flight import RECORDER as FLIGHT
 from .reports import explain, is_consequence, make_report, parse_reports
 from ..config import elastic_mode
@@ -184,18 +184,8 @@ class FailureReporter:
         return time.monotonic() - t0
 
     def _shut_down_within(self, seconds: float) -> bool:
-        """Horovod's shutdown in a thread of its own; whether it returned within ``seconds``."""
-        done = threading.Event()
-
-        def run():
-            try:
-                self._shutdown()
-            except Exception:
-                pass
-            finally:
-                done.set()
-        threading.Thread(target=run, name="hvdp-shutdown", daemon=True).start()
-        return done.wait(seconds)
+        """Horovod's shutdown in a thread of its own; whether it returned (or raised) within ``seconds``."""
+        return meet_within(self._shutdown, seconds, name="hvdp-shutdown") is not False
 
     def reports(self) -> List[dict]:
         board, rank = self.board, self.rank()

@@ -342,29 +342,3 @@ class FlightRecorder:
 
 RECORDER = FlightRecorder()
 
-
-def recorded_attempts(func: Callable) -> Callable:
-    """``func`` as an elastic ``run`` calls it, once per attempt (after the reset and the state's
-    sync, on every rank): each attempt starts a new world in the flight record
-    (:meth:`FlightRecorder.new_world`), and the state's own broadcasts (its sync, the host check of
-    every ``commit``) are recorded as ``hvd.elastic.broadcast_object``; an attempt that ends with an
-    error (a collective failed: the state rolls back) dumps the record. The adapters' ``run``."""
-    import functools
-
-    @functools.wraps(func)
-    def attempt(state, *args, **kwargs):
-        RECORDER.new_world()
-        bcast = getattr(state, "_bcast_object", None)  # Horovod's State keeps its broadcast there
-        if bcast is not None and not getattr(bcast, "_hvdp_recorded", False):
-            def recorded(obj, *a, **k):
-                with RECORDER.around("hvd.elastic.broadcast_object", "broadcast_object"):
-                    return bcast(obj, *a, **k)
-            recorded._hvdp_recorded = True
-            state._bcast_object = recorded
-        try:
-            return func(state, *args, **kwargs)
-        except BaseException as e:  # a failed collective (the state rolls back): dumped, whatever
-            if type(e).__name__ != "HostsUpdatedInterrupt":  # raised it (not a host added)
-                RECORDER.dump(f"elastic attempt ended: {type(e).__name__}: {str(e)[:300]}")
-            raise
-    return attempt

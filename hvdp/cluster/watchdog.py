@@ -150,11 +150,10 @@ class StallWatchdog:
 
     def watched(self, fn: Callable, label: Optional[str] = None,
                 tracing: Callable[[], bool] = lambda: False) -> Callable:
-        """``fn`` (a blocking collective of Horovod's module, as user code calls it) with each
-        call under :meth:`waiting`, named ``<label>(name='<its name argument>')``; ``label``:
-        ``hvd.<fn's name>``. ``tracing()``: True while a graph is traced (the call only adds an
-        op to it, nothing waits: not timed). Each call is also in the flight record
-        (``hvdp.cluster.flight``) under that name. Costs two context managers per call.
+        """``fn`` (a blocking collective of Horovod's module, as user code calls it), each call under
+        :meth:`waiting` and in the flight record, named ``<label>(name='<its name argument>')``
+        (``label``: ``hvd.<fn's name>``). ``tracing()``: True while a graph is traced (the call
+        only adds an op to it, nothing waits: not timed). Two context managers per call.
 
         Example::
 
