@@ -99,6 +99,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         is reduced from now on, a frozen one leaves it (its gradient stays None, as in plain
         torch; every rank must change the same parameters: checked); auto's decision."""
         self._fresh = False
+        self._presence.finish_if_done()  # the last step's sum, in the flight record as done
         if trainable_ids(self.param_groups) != [id(p) for p in self._params]:
             self._set_layout(make_layout(self.param_groups, self._all_names, self._groups_arg,
                                          self.engine, strict=False))
@@ -173,7 +174,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             # this rank's own error is reported to the others; Horovod's bare shut-down
             # becomes the same exception type naming the rank that failed and why
             with REPORTER.explaining():
-                self._synchronize()
+                try:
+                    self._synchronize()
+                except BaseException:
+                    self._presence.reset()  # before the failure's dump: a sum Horovod finished reads done
+                    raise
         except BaseException:
             # a failed collective (a worker died: elastic reset) must not leave this step's
             # half-done reductions behind for the restored state to trip over
@@ -203,7 +208,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 self._launch(p)
         absent = set(self._absent)
         self._presence.submit([p not in absent for p in self._params],
-                              self._params[0].device if self._params else None)
+                              self._params[0].device if self._params else None, eng.step)
         for b in range(len(eng.plan.buckets)):  # a bucket with params never reaching a hook
             if eng.compressing and not eng.started(b):
                 self._start_bucket(b)
@@ -218,6 +223,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             for i, piece in eng.pieces(b, flat):
                 g = self._params[i].grad
                 g.copy_(piece.view_as(g))
+        self._presence.finish_if_done()
         if eng.keeps_residuals and eng.compressing:
             self._discard_if_not_finite()
         for p in self._densified:

@@ -137,7 +137,10 @@ def test_torch_failure_in_reduction_is_named_on_the_other_rank(controller, tmp_p
     reached = {(r["name"], r["nth"]) for r in dumps[1]["records"]}
     name, nth = min(((r["seq"], (r["name"], r["nth"])) for r in dumps[0]["records"]
                      if (r["name"], r["nth"]) not in reached))[1]
-    assert name.startswith("hvdp.opt0.") and f"first divergence: {name} #{nth} (int8" in text, text
+    # an int8 phase, or the step's presence sum where rank 0 submitted it before its next phase
+    # (rank 1 fails in a decode, which overlap may run in a gradient hook, before the sum)
+    codec = "none" if name.endswith("hvdp#present") else "int8"
+    assert name.startswith("hvdp.opt0.") and f"first divergence: {name} #{nth} ({codec}" in text, text
     assert re.search(r"started, (never finished|its wait failed): rank 0", text) and \
         "never reached: rank 1" in text, text
 
@@ -176,7 +179,10 @@ def test_torch_killed_rank_is_named_by_the_flight_record(tmp_path):
     assert dumps[0]["reasons"][0]["reason"] in ("signal SIGTERM", "signal SIGUSR1") or \
         "Horovod shut down" in dumps[0]["reasons"][0]["reason"], dumps[0]["reasons"]
     name, nth = first_unfinished(dumps[0])
-    assert name.startswith("hvdp.opt0.") and nth == 1 and f"first divergence: {name} #1" in text, text
+    # step 1's reductions, or step 0's presence sum (submitted last in step 0, waited for in step
+    # 1) where rank 1 died before Horovod finished it (usually: the kill follows step 0 at once)
+    assert name.startswith("hvdp.opt0.") and nth == (0 if name.endswith("hvdp#present") else 1), text
+    assert f"first divergence: {name} #{nth}" in text, text
     assert re.search(r"started, (never finished|its wait failed): rank 0", text), text
     assert re.search(r"\n  no dump \(killed[^\n]*: rank 1\n", text + "\n"), text
 

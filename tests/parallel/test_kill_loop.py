@@ -69,7 +69,9 @@ def test_kill_loop_torch_int8_with_checkpoints(tmp_path):
     # the kill inside a two-phase reduction names hvdp's allgather, the one inside a commit the
     # state's broadcast
     named = check_traces(res)
-    assert named["phase2"].startswith("hvdp.opt0.hvdp.ag."), named
+    # hvdp's allgather, or the step's presence sum where the killed rank died with it in flight
+    # too (submitted before the exchange's wait; a sum Horovod finished is recorded done)
+    assert named["phase2"].startswith("hvdp.opt0.hvdp.ag.") or named["phase2"] == "hvdp.opt0.hvdp#present", named
     assert named["commit"] == "hvd.elastic.broadcast_object", named
     # within noise of the run without kills (lr follows the number of workers, so not equal)
     ref_loss = ref_finals[0]["test_loss"]
