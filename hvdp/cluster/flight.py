@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import sys
 import threading
@@ -44,6 +43,7 @@ from contextlib import contextmanager
 from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
 from ..config import flight_dir, flight_records
+from .flight_signals import SignalDumps
 
 VERSION = 1
 # one record: a list, so that its end is written in place
@@ -51,7 +51,6 @@ SEQ, NAME, NTH, CODEC, PHASE, NBYTES, STEP, T0, T1, STATE = range(10)
 FIELDS = ("seq", "name", "nth", "codec", "phase", "bytes", "step", "start", "end", "state")
 # in flight; finished; its wait raised; its submit raised (Horovod already down, or refused it)
 STARTED, DONE, FAILED, REFUSED = "started", "done", "failed", "refused"
-SIGNALS = ("SIGUSR1", "SIGTERM")
 
 
 def job_id(environ=None) -> str:
@@ -66,7 +65,7 @@ def job_id(environ=None) -> str:
     return ""
 
 
-class FlightRecorder:
+class FlightRecorder(SignalDumps):
     """One per process (:data:`RECORDER`); the adapters' collectives pass through
     ``hvdp.reduce.recorded.Recorded``, which calls :meth:`start` and :meth:`end`.
 
@@ -98,9 +97,7 @@ class FlightRecorder:
         # dumps only (the watchdog, signals, the main thread); re-entrant: a signal handler may
         # run on the main thread in the middle of its own dump
         self._lock = threading.RLock()
-        self._previous: Dict[int, object] = {}     # signal number -> the handler before ours
-        self._watcher: Optional[threading.Thread] = None
-        self._wakeup: Optional[int] = None         # the write end of the watcher's pipe
+        self._init_signals()
 
     @property
     def capacity(self) -> int:
@@ -238,84 +235,7 @@ class FlightRecorder:
                 pass
             return None
 
-    # --- signals --------------------------------------------------------------------------------
-    def install_signals(self) -> bool:
-        """Dump on SIGUSR1 and SIGTERM, then hand the signal to the handler that was there before
-        (SIGTERM's default still ends the process, as it would have; SIGUSR1's default, which
-        would end it, is replaced by the dump alone). A handler set later by the user or a
-        library replaces ours: it is not undone. The main thread only runs Python handlers
-        between bytecodes, so while it blocks in a collective a thread woken by
-        ``signal.set_wakeup_fd`` writes the dump (where no other wake-up fd is set). Main thread
-        only; idempotent; -> whether the handlers are ours."""
-        if self._previous or threading.current_thread() is not threading.main_thread():
-            return bool(self._previous)
-        try:
-            if self.capacity <= 0:
-                return False
-            for name in SIGNALS:
-                num = getattr(signal, name, None)
-                # None: a handler set outside Python (a C library's), which could not be restored
-                if num is not None and signal.getsignal(num) is not None:
-                    self._previous[num] = signal.signal(num, self._on_signal)
-        except (ValueError, OSError):  # not the main interpreter, or a platform without them
-            return bool(self._previous)
-        self._start_watcher()
-        return True
-
-    def _start_watcher(self) -> None:
-        try:
-            r, w = os.pipe()
-            os.set_blocking(w, False)
-            old = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
-        except (ValueError, OSError, AttributeError):
-            return
-        if old != -1:  # someone else's (an event loop): leave it theirs
-            signal.set_wakeup_fd(old)
-            os.close(r)
-            os.close(w)
-            return
-        self._wakeup = w
-        self._watcher = threading.Thread(target=self._watch, args=(r,), name="hvdp-flight-signals",
-                                         daemon=True)
-        self._watcher.start()
-        os.register_at_fork(after_in_child=self._after_fork)
-
-    def _after_fork(self) -> None:
-        """In a forked child (a data loader's worker): its signals must not reach the parent's
-        watcher through the inherited pipe (a worker's SIGTERM would end the parent), and its
-        record starts empty (it would otherwise dump the parent's as its own)."""
-        try:
-            null = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(null, self._wakeup)
-            os.close(null)
-        except (OSError, TypeError):
-            pass
-        self._watcher, self._lock = None, threading.RLock()
-        self._ring, self._seq, self.started, self.finished, self.reasons = None, 0, {}, {}, []
-        self._get_rank = self._get_size = self._rank = self._size = None
-
-    def _watch(self, fd: int) -> None:
-        ours = {int(n): name for name in SIGNALS for n in [getattr(signal, name, None)] if n is not None}
-        while True:
-            try:
-                data = os.read(fd, 64)
-            except OSError:
-                return
-            if not data:
-                return
-            for num in data:
-                if num in ours:
-                    path = self.dump(f"signal {ours[num]}")
-                    if (ours[num] == "SIGTERM" and self._previous.get(num) == signal.SIG_DFL
-                            and signal.getsignal(num) == self._on_signal):  # not replaced since
-                        # what SIGTERM's default would have done, without waiting for the main
-                        # thread (it may be blocked in a collective): end the process now, saying why
-                        try:
-                            os.write(2, (self.ended_message("SIGTERM", path) + "\n").encode())
-                        except Exception:
-                            pass
-                        os._exit(128 + num)
-
+    # --- after a signal or a fork (the handlers: hvdp.cluster.flight_signals) ----------------------
     def ended_message(self, signame: str, path: Optional[str]) -> str:
         """What a rank ended by ``signame`` says (horovodrun's SIGTERM to every rank once one has
         exited, e.g. a rank SIGKILLed: the survivors' own errors may not have been printed yet)."""
@@ -327,17 +247,14 @@ class FlightRecorder:
                 "failed (one killed by SIGKILL or the OOM killer leaves no report of its own). Flight "
                 f"record: {path or 'not written'}; merge the ranks' records with: python -m hvdp trace DIR")
 
-    def _on_signal(self, num, frame) -> None:
-        if self._watcher is None:
-            self.dump(f"signal {signal.Signals(num).name}")
-        prev = self._previous.get(num)
-        if callable(prev):
-            prev(num, frame)
-        elif prev == signal.SIG_DFL and num == signal.SIGTERM:
-            if self._watcher is not None:
-                time.sleep(2.0)  # the watcher thread dumps, then ends the process
-            signal.signal(num, signal.SIG_DFL)
-            os.kill(os.getpid(), num)
+    def _after_fork(self) -> None:
+        """In a forked child (a data loader's worker): its signals must not reach the parent's
+        watcher (``_detach_signals``), and its record starts empty (it would otherwise dump the
+        parent's as its own)."""
+        self._detach_signals()
+        self._lock = threading.RLock()
+        self._ring, self._seq, self.started, self.finished, self.reasons = None, 0, {}, {}, []
+        self._get_rank = self._get_size = self._rank = self._size = None
 
 
 RECORDER = FlightRecorder()
