@@ -5,7 +5,7 @@ always was."""
 import pytest
 import torch
 
-from adapters.torch import presence
+from hvdp.torch import presence
 from hvdp.cluster import flight
 
 
@@ -38,7 +38,7 @@ def fake(monkeypatch):
     hvd, rec = FakeHorovod(), flight.FlightRecorder(capacity=16, directory="unused")
     monkeypatch.setattr(presence, "_hvd", hvd)
     monkeypatch.setattr(presence, "FLIGHT", rec)
-    monkeypatch.setattr("adapters.torch.comm._hvd", hvd)
+    monkeypatch.setattr("hvdp.torch.comm._hvd", hvd)
     return hvd, rec
 
 
