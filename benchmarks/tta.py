@@ -86,7 +86,7 @@ RATIO_RANGE = (2.0, 5.0)  # fp32 exchange : compute on the throttled links
 
 # ---------------------------------------------------------------- the worker (inside horovodrun)
 
-def hvdp_methods(powersgd_start=0):
+def hvdp_methods(powersgd_start=0, seed=SEED):
     """(label, codec) of hvdp's contenders: the fixed ones, the new codecs that exist now, auto;
     int8 and int4 also in buckets of ``SMALL_BUCKETS`` bytes (several: their exchange overlaps
     the backward pass). powersgd gets DDP's warm-up (``start_powerSGD_iter``) where it takes one."""
@@ -98,7 +98,7 @@ def hvdp_methods(powersgd_start=0):
         fields = {f.name for f in dataclasses.fields(codec)}
         if name == "powersgd" and "rank" in fields:
             warm = {"start_powerSGD_iter": powersgd_start} if "start_powerSGD_iter" in fields else {}
-            out += [(f"hvdp powersgd{r}", codec.configure(rank=r, **warm)) for r in (1, 4, 8)]
+            out += [(f"hvdp powersgd{r}", codec.configure(rank=r, seed=seed, **warm)) for r in (1, 4, 8)]
         else:
             out.append((f"hvdp {name}", codec))
     out += [(f"hvdp {c} (512 KiB buckets)", c) for c in ("int8", "int4") if c in have]
@@ -176,7 +176,7 @@ def worker(a):
     hvd.init()
     torch.set_num_threads(1)
     init_process_group()  # DDP's Gloo group, also the barrier between steps
-    torch.manual_seed(SEED)
+    torch.manual_seed(a.seed)
     base = GPT(sz["layers"], sz["d_model"], sz["heads"], sz["context"])
     train_data, val = stdlib_corpus()
     vargs = argparse.Namespace(context=sz["context"], val_windows=sz["val_windows"])
@@ -204,7 +204,7 @@ def worker(a):
         active = list(runs)
         while active:
             for r in list(active):
-                rng = np.random.default_rng([SEED, r.step, hvd.rank()])
+                rng = np.random.default_rng([a.seed, r.step, hvd.rank()])
                 x, y = batch(train_data, rng, sz["batch"], sz["context"])
                 dist.barrier()
                 before, t0 = tx(), time.perf_counter()
@@ -233,13 +233,17 @@ def worker(a):
     out["initial_loss"] = validate(base, val, vargs, autocast)  # every run starts from these weights
     limit = 2 * sz["T"]
     runs, refused = [], {}
-    for label, codec in hvdp_methods(sz["powersgd_start"]):
-        runs.append(hvdp_run(label, codec, limit))
+    only = set(a.only.split(";")) if a.only else None  # a sibling stage's subset (powersgd_parity.py)
+    for label, codec in hvdp_methods(sz["powersgd_start"], a.seed):
+        if only is None or label in only:
+            runs.append(hvdp_run(label, codec, limit))
     for label, hook in DDP_HOOKS:
+        if only is not None and label not in only:
+            continue
         try:
             # PowerSGD in one DDP bucket, as in the convergence study: over DDP's default buckets
             # Gloo aborted it here with a collective mismatch ("op.preamble.length <= op.nbytes")
-            m, _ = wrap(copy.deepcopy(base), hook, SEED, sz["powersgd_start"],
+            m, _ = wrap(copy.deepcopy(base), hook, a.seed, sz["powersgd_start"],
                         bucket_cap_mb=1024 if hook.startswith("powersgd") else None)
         except (TypeError, RuntimeError) as e:
             refused[label] = str(e)
@@ -247,6 +251,8 @@ def worker(a):
         runs.append(Run(label, "ddp", m, adamw(m.parameters()), m.module, limit, hook, sz))
     m = copy.deepcopy(base)
     runs.append(Run("compute only", "compute", m, adamw(m.parameters()), m, sz["T"], "-", sz))
+    if only is not None:
+        runs = [r for r in runs if r.label in only or r.kind == "compute"]
     flat = torch.zeros(out["params"])  # float32 gradients of the GPT as one buffer (fused, as both do)
     n = min(sz["T"], 12)  # the link shapes it: little noise
     runs.append(Run("exchange only (Horovod)", "exchange", None, None, None, n, "fp32 allreduce", sz,
@@ -455,6 +461,8 @@ def main():
     ap.add_argument("--size", default="full", choices=sorted(SIZES), help=argparse.SUPPRESS)
     ap.add_argument("--target", type=float, help=argparse.SUPPRESS)
     ap.add_argument("--json-out", help=argparse.SUPPRESS)
+    ap.add_argument("--seed", type=int, default=SEED, help=argparse.SUPPRESS)  # weights, batches, PowerSGD's Q
+    ap.add_argument("--only", help=argparse.SUPPRESS)  # "label;label": only these methods (and compute only)
     a = ap.parse_args()
     if a.worker:
         return worker(a)

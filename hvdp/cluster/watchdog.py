@@ -39,9 +39,11 @@ from typing import Callable, Dict, Iterator, Optional, Sequence, Tuple
 from ..config import stall_timeout_s
 from .failures import settled
 from .flight import RECORDER as FLIGHT
+from .reports import SHUTDOWN_TEXT, is_consequence
 
 NOTE_KEY = "stall-{rank}"
 NOTE_AT = 0.5        # a wait this fraction of the deadline old leaves its note on the board
+ENDING_AFTER_S = 1.0  # a wait this old looks on the board for a rank ending after its error
 DOWN_WAIT_S = 30.0   # how long a failed wait waits for the watchdog's shutdown to return
 
 
@@ -109,6 +111,9 @@ class StallWatchdog:
         self._thread: Optional[threading.Thread] = None
         self._lock = threading.Lock()
         self._down = threading.Event()  # the watchdog's shutdown of Horovod returned
+        self._since = time.time()       # an "ending" mark older than this watchdog is another job's
+        self._ending_seen = False
+        self._ending_done = threading.Event()  # its shutdown of Horovod (stop_waiting) returned
         self.message: Optional[str] = None   # set once the watchdog fired
 
     @property
@@ -133,6 +138,15 @@ class StallWatchdog:
         try:
             yield
         except Exception as e:
+            if self._ending_seen and self.message is None:
+                # Horovod shut down here because another rank is ending (stop_waiting): not twice
+                # at once (below); what the wait raised then ("Handle 7 was not created ...") is
+                # the consequence, explained with that rank's report
+                self._ending_done.wait(DOWN_WAIT_S)
+                if is_consequence(e):
+                    raise
+                raise self._reporter.explained(RuntimeError(f"{SHUTDOWN_TEXT} (hvdp shut it down on this "
+                                                            f"rank: {e})")) from e
             if self.message is None:
                 raise
             # Horovod's shutdown joins its background thread unguarded: a second one at once (the
@@ -277,6 +291,15 @@ class StallWatchdog:
         if w is None:
             return False
         waited = self._clock() - w.t0
+        if waited >= ENDING_AFTER_S and not self._ending_seen:  # a rank ending after its error
+            ending = getattr(self._reporter, "ending_rank", lambda since: None)(self._since)
+            if ending is not None:
+                self._ending_seen = True
+                try:
+                    self._reporter.stop_waiting(ending, w.name, self._shutdown)
+                finally:
+                    self._ending_done.set()
+                return False
         if waited >= NOTE_AT * self.timeout_s and not w.noted:
             w.noted = True
             self._put_note(w)

@@ -154,6 +154,16 @@ def test_torch_rank_that_never_calls_step(controller):
 
 
 @pytest.mark.parametrize("controller", CONTROLLERS)
+def test_torch_failed_rank_whose_shutdown_never_reaches_the_others(controller):
+    # rank 1's uncaught error, but its Horovod shutdown hangs (seen rarely in the no_step case):
+    # rank 0 would wait for step 1's reductions until rank 1 gave up (exit 1 after 6 s here) and
+    # the launcher killed rank 0 without a word; its watchdog finds rank 1's "ending" mark instead
+    out, errs = run_case("disagree_torch.py", "unheard", controller)
+    assert errs.get(1, ("", ""))[1].startswith("unheard: rank 1 failed"), out[-4000:]
+    assert 0 in errs and "rank 1 (host" in errs[0][1] and "unheard: rank 1 failed" in errs[0][1], out[-4000:]
+
+
+@pytest.mark.parametrize("controller", CONTROLLERS)
 def test_torch_rank_that_exits_early(controller, tmp_path):
     out, errs = run_case("disagree_torch.py", "early_exit", controller, env={"HVDP_FLIGHT_DIR": str(tmp_path)})
     assert "DONE rank=1" in out

@@ -336,3 +336,54 @@ def test_waits_of_two_threads_are_timed_each(tmp_path):
         t.join(10)
         clock.t += 7.1                              # the main thread's wait: 10.1 s
         assert d0.check() and down0 == ["down"] and "at hvdp.opt0.b0:" in d0.message
+
+
+def test_a_wait_stops_when_another_rank_says_it_is_ending(tmp_path):
+    # rank 1 failed with an uncaught error: it reports, marks "ending" and shuts Horovod down; where
+    # that shutdown never reaches rank 0 (seen rarely), rank 0's wait would last forever: after
+    # ENDING_AFTER_S its watchdog finds the mark and shuts Horovod down here
+    board, clock = DirBoard(str(tmp_path / "b")), Clock()
+    d0, down0 = dog(board, 0, size=2, clock=clock)
+    rep1 = FailureReporter(lambda: 1, board, wait_s=0, get_size=lambda: 2, shutdown=lambda: None, linger_s=0.01)
+    rep1.install = None  # not installed: no hooks in the test process
+    with d0.waiting("hvdp.opt0.hvdp#present"):
+        clock.t += 5
+        assert not d0.check() and down0 == []          # no mark: a wait like any other
+        rep1.report(ValueError("boom"), "uncaught in the training script")
+        rep1._size = 2
+        rep1.linger()                                  # the mark, before its own shutdown
+        clock.t -= 4.5                                 # a wait younger than ENDING_AFTER_S: not yet
+        assert not d0.check() and down0 == []
+        clock.t += 4.5
+        assert not d0.check() and down0 == ["down"]    # Horovod shut down here; the watchdog goes on
+        assert not d0.check() and down0 == ["down"]    # once
+    assert d0.message is None                          # not a stall: the wait's error is explained as usual
+
+
+def test_an_ending_mark_of_this_rank_or_from_before_is_no_reason(tmp_path):
+    board = DirBoard(str(tmp_path / "b"))
+    rep = FailureReporter(lambda: 0, board, wait_s=0)
+    board.put("ending", json.dumps({"rank": 0, "time": 2e9}).encode())
+    assert rep.ending_rank(since=1e9) is None          # its own
+    board.put("ending", json.dumps({"rank": 1, "time": 1.5e9}).encode())
+    assert rep.ending_rank(since=1.6e9) is None        # older than this process's watchdog
+    assert rep.ending_rank(since=1.4e9) == 1
+    board.put("ending", b"not json")
+    assert rep.ending_rank(since=0) is None
+
+
+def test_a_shutdown_that_does_not_return_after_the_mark_ends_the_process(tmp_path, monkeypatch, capsys):
+    from hvdp.cluster import failures
+    monkeypatch.setattr(failures, "ENDING_SHUTDOWN_S", 0.2)
+    board = DirBoard(str(tmp_path / "b"))
+    board.post(1, b'{"rank": 1, "host": "h", "time": 1, "where": "x", "type": "ValueError", "error": "boom"}')
+    import threading
+    stuck = threading.Event()
+    rep = FailureReporter(lambda: 0, board, wait_s=0, shutdown=lambda: stuck.wait(5))
+    exits = []
+    rep._exit = exits.append
+    rep.stop_waiting(1, "hvdp.opt0.b0")  # the reporter's own shutdown
+    stuck.set()
+    err = capsys.readouterr().err
+    assert exits == [1] and "did not shut down within 0.2 s while this rank waited at hvdp.opt0.b0" in err
+    assert "ending the process (exit 1)" in err

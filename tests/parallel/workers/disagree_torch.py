@@ -75,6 +75,13 @@ def run(case, rank):
             return  # e.g. a rank whose data ran out: it never calls step()
         if case == "kill" and rank == 1 and step == 1:
             os.kill(os.getpid(), signal.SIGKILL)  # e.g. the OOM killer: no report, no dump
+        if case == "unheard" and rank == 1 and step == 1:
+            # its Horovod shutdown hangs (seen rarely in the no_step case, under MPI and Gloo): after
+            # shutdown_s it ends the process; rank 0's wait must end before, with this rank named
+            # (its watchdog reads the board's "ending")
+            from hvdp.torch.agreement import REPORTER
+            REPORTER._shutdown, REPORTER.shutdown_s = (lambda: time.sleep(60)), 6.0
+            raise ValueError("unheard: rank 1 failed while Horovod stays up")
         if case == "stall" and rank == 1 and step == 1:
             time.sleep(float(os.environ.get("STALL_S", "120")))  # e.g. a long evaluation on one rank only
         opt.zero_grad()
