@@ -209,9 +209,9 @@ class FailureReporter:
         error (the stall watchdog's thread calls this): Horovod's shutdown normally reaches every
         rank then, but where it did not (seen rarely under MPI and Gloo) this rank would wait
         forever. Shut Horovod down here (``shutdown``, default this reporter's), so that the wait
-        fails and is explained as usual; where
-        that shutdown does not return within ``ENDING_SHUTDOWN_S``, say why and end the process
-        (exit 1), so that the launcher stops the job."""
+        fails and is explained as usual; where that shutdown does not return within
+        ``ENDING_SHUTDOWN_S``, say why and end the process (exit 1), so that the launcher stops
+        the job."""
         FLIGHT.dump(f"rank {rank} is ending after its error (failure board) while rank {self.rank()} "
                     f"waits at {name}")
         shutdown = shutdown or self._shutdown
