@@ -41,6 +41,7 @@ from contextlib import contextmanager
 from typing import Callable, Iterator, List, Optional
 
 from .boards import board_from_env
+from .ending import EndingMarks
 from .exits import meet_within
 from .flight import RECORDER as FLIGHT
 from .reports import explain, is_consequence, make_report, parse_reports
@@ -50,8 +51,6 @@ LINGER_S = 3.0          # the adapters' default linger of a failed rank (not ela
 SHUTDOWN_S = 20.0       # a failed rank's own Horovod shutdown not back by then is stuck: the process
                         # ends (seen once under MPI: the job hung until its launcher was killed)
 DONE_SLACK_S = 30       # a "done" mark this much older than the failing rank's report is stale
-ENDING_KEY = "ending"   # the board's key of the latest "this rank is ending after its error" mark
-ENDING_SHUTDOWN_S = 10.0  # a survivor's own shutdown, once told that a rank is ending, not back by then: exit
 
 
 def settled(exc: BaseException) -> BaseException:
@@ -62,7 +61,7 @@ def settled(exc: BaseException) -> BaseException:
     return exc
 
 
-class FailureReporter:
+class FailureReporter(EndingMarks):
     """Reports this rank's failures and explains the others'. One per process (see ``install``).
 
     Args:
@@ -160,10 +159,7 @@ class FailureReporter:
         board = self.board
         if board is None:
             return 0.0
-        try:  # a survivor whose collective never fails (Horovod's shutdown not reaching it) stops on it
-            board.put(ENDING_KEY, json.dumps({"rank": self._rank, "time": time.time()}).encode())
-        except Exception:
-            pass
+        self._mark_ending(board)  # a survivor that Horovod's shutdown does not reach stops on it
         if self._shutdown is not None and not self._shut_down_within(self.shutdown_s):
             msg = (f"hvdp: rank {self._rank}: Horovod's shutdown after this rank's error did not finish "
                    f"within {self.shutdown_s:g} s; ending the process (exit 1) so that the launcher stops "
@@ -189,46 +185,10 @@ class FailureReporter:
                 time.sleep(0.05)
         return time.monotonic() - t0
 
-    def ending_rank(self, since: float) -> Optional[int]:
-        """Another rank that said on the board, at or after ``since`` (wall clock), that it is
-        ending after its uncaught error (:meth:`linger`); None if none did. Never raises."""
-        board = self.board
-        if board is None:
-            return None
-        try:
-            got = board.get(ENDING_KEY)
-            mark = json.loads(got) if got else None
-            if mark and float(mark["time"]) >= since and int(mark["rank"]) != self.rank():
-                return int(mark["rank"])
-        except Exception:
-            pass
-        return None
-
-    def stop_waiting(self, rank: int, name: str, shutdown: Optional[Callable[[], None]] = None) -> None:
-        """This rank waits at ``name`` for rank ``rank``, which has said it is ending after its
-        error (the stall watchdog's thread calls this): Horovod's shutdown normally reaches every
-        rank then, but where it did not (seen rarely under MPI and Gloo) this rank would wait
-        forever. Shut Horovod down here (``shutdown``, default this reporter's), so that the wait
-        fails and is explained as usual; where that shutdown does not return within
-        ``ENDING_SHUTDOWN_S``, say why and end the process (exit 1), so that the launcher stops
-        the job."""
-        FLIGHT.dump(f"rank {rank} is ending after its error (failure board) while rank {self.rank()} "
-                    f"waits at {name}")
-        shutdown = shutdown or self._shutdown
-        if shutdown is None or meet_within(shutdown, ENDING_SHUTDOWN_S, name="hvdp-shutdown") is not False:
-            return
-        seen = f"Horovod did not shut down within {ENDING_SHUTDOWN_S:g} s while this rank waited at {name}"
-        msg = (f"{self.explanation(seen)}\nhvdp: rank {self._rank}: ending the process (exit 1) so that the "
-               "launcher stops the job")
-        FLIGHT.dump(msg)
-        print(msg, file=sys.stderr, flush=True)
-        self.mark_done()
-        sys.stdout.flush()
-        self._exit(1)
-
-    def _shut_down_within(self, seconds: float) -> bool:
-        """Horovod's shutdown in a thread of its own; whether it returned (or raised) within ``seconds``."""
-        return meet_within(self._shutdown, seconds, name="hvdp-shutdown") is not False
+    def _shut_down_within(self, seconds: float, shutdown: Optional[Callable[[], None]] = None) -> bool:
+        """Horovod's shutdown (``shutdown``, default this reporter's) in a thread of its own;
+        whether it returned (or raised) within ``seconds``."""
+        return meet_within(shutdown or self._shutdown, seconds, name="hvdp-shutdown") is not False
 
     def reports(self) -> List[dict]:
         board, rank = self.board, self.rank()

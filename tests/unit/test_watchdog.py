@@ -373,8 +373,8 @@ def test_an_ending_mark_of_this_rank_or_from_before_is_no_reason(tmp_path):
 
 
 def test_a_shutdown_that_does_not_return_after_the_mark_ends_the_process(tmp_path, monkeypatch, capsys):
-    from hvdp.cluster import failures
-    monkeypatch.setattr(failures, "ENDING_SHUTDOWN_S", 0.2)
+    from hvdp.cluster import ending
+    monkeypatch.setattr(ending, "ENDING_SHUTDOWN_S", 0.2)
     board = DirBoard(str(tmp_path / "b"))
     board.post(1, b'{"rank": 1, "host": "h", "time": 1, "where": "x", "type": "ValueError", "error": "boom"}')
     import threading
