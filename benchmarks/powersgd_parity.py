@@ -30,7 +30,7 @@ def labels():
     return [f"hvdp powersgd{r}" for r in RANKS] + [f"ddp+powersgd{r}" for r in RANKS]
 
 
-def run_seed(seed, rate):
+def run_seed(seed, rate, controller="gloo"):
     isolate = slowlink.unavailable(rate, isolate=True) is None
     why = slowlink.unavailable(rate, isolate=isolate)
     if why:
@@ -38,7 +38,7 @@ def run_seed(seed, rate):
     args = ["--worker", "--size", "full", "--seed", str(seed), "--only", ";".join(labels())]
     t0 = time.time()
     with slowlink.link(rate, isolate=isolate) as (prefix, gbit):
-        res = slowlink.run_job(prefix, "tta.py", args, timeout=3600)
+        res = slowlink.run_job(prefix, "tta.py", args, timeout=3600, controller=controller)
     res.update(rate=rate, measured_gbit_s=gbit, job_s=time.time() - t0, seed=seed)
     res["summary"] = tta.summarise(res)
     print(f"seed {seed}: {res['job_s']:.0f} s", file=sys.stderr, flush=True)
@@ -71,10 +71,11 @@ def spread(xs):
     return f"{statistics.median(xs):.3f} (min {min(xs):.3f}, max {max(xs):.3f})" if xs else "—"
 
 
-def report(per_seed, rows, minutes, rate):
+def report(per_seed, rows, minutes, rate, controller="gloo"):
     targets = ", ".join(f"{r['target']:.4f}" for r in per_seed)
     lines = [f"hvdp powersgd against DDP + PowerSGD, same rank, warm-up of {per_seed[0]['size']['powersgd_start']} "
-             f"plain steps, link {rate}, seeds {[r['seed'] for r in per_seed]}; the run took {minutes:.1f} min, "
+             f"plain steps, link {rate}, Horovod over {controller} (horovodrun --{controller}), "
+             f"seeds {[r['seed'] for r in per_seed]}; the run took {minutes:.1f} min, "
              f"load average {os.getloadavg()[0]:.1f} when written. Target per seed: its float32 loss at step "
              f"T = {per_seed[0]['size']['T']} x 1.01 ({targets}).", "",
              "| rank | seed | hvdp steps to target | DDP steps | hvdp final loss | DDP final loss | hvdp step (s) "
@@ -102,20 +103,23 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--rate", default="none", help="tc rate of the link (none: loopback, unthrottled)")
+    ap.add_argument("--controller", default="gloo", choices=("gloo", "mpi"),
+                    help="Horovod's controller (horovodrun --gloo or --mpi); DDP runs over Gloo either way")
     ap.add_argument("--report-only", action="store_true")
     a = ap.parse_args()
-    stem = os.path.join(tta.RES, "powersgd_parity")
+    stem = os.path.join(tta.RES, "powersgd_parity" + ("" if a.controller == "gloo" else f"_{a.controller}"))
     if a.report_only:
         with open(stem + ".json") as f:
             saved = json.load(f)
         per_seed, minutes = saved["runs"], saved["minutes"]
+        a.controller = saved.get("controller", "gloo")
     else:
         t0 = time.time()
-        per_seed = [run_seed(s, a.rate) for s in a.seeds]
+        per_seed = [run_seed(s, a.rate, a.controller) for s in a.seeds]
         minutes = (time.time() - t0) / 60
         with open(stem + ".json", "w") as f:
-            json.dump({"minutes": minutes, "rate": a.rate, "runs": per_seed}, f)
-    md = report(per_seed, compare(per_seed), minutes, a.rate)
+            json.dump({"minutes": minutes, "rate": a.rate, "controller": a.controller, "runs": per_seed}, f)
+    md = report(per_seed, compare(per_seed), minutes, a.rate, a.controller)
     with open(stem + ".md", "w") as f:
         f.write(md)
     print(md)

@@ -82,13 +82,13 @@ def link(rate, isolate=False):
             subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=60)
 
 
-def run_job(prefix, script, args, timeout=900):
-    """``horovodrun -np 2 --gloo`` of a benchmark script (which writes ``--json-out``) under
-    ``prefix``; returns its JSON."""
+def run_job(prefix, script, args, timeout=900, controller="gloo"):
+    """``horovodrun -np 2 --gloo`` (or ``--mpi``: ``controller``) of a benchmark script (which
+    writes ``--json-out``) under ``prefix``; returns its JSON."""
     out = os.path.join(HERE, f".job{os.getpid()}.json")
     env = dict(os.environ, OMP_NUM_THREADS="1", HOROVOD_GLOO_IFACE="lo", TF_CPP_MIN_LOG_LEVEL="2",
                PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
-    cmd = prefix + [shutil.which("horovodrun", path=env["PATH"]), "-np", "2", "-H", "localhost:2", "--gloo",
+    cmd = prefix + [shutil.which("horovodrun", path=env["PATH"]), "-np", "2", "-H", "localhost:2", f"--{controller}",
                     sys.executable, os.path.join(HERE, script)] + args + ["--json-out", out]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     if r.returncode != 0:
