@@ -29,7 +29,7 @@ from . import kernels as _kernels  # noqa: F401  (registers the CUDA codec kerne
 from .mesh import ProcessMesh  # noqa: F401  (DP x TP x PP groups as process sets: hvdp.cluster.mesh)
 from .mesh import hierarchical_process_sets  # noqa: F401  (hvdp.cluster.topology's static process sets)
 from .ops import TorchOps  # noqa: F401
-from .optimizer import DistributedOptimizer  # noqa: F401
+from .distributed import DistributedOptimizer  # noqa: F401
 from .outer import OuterOptimizer  # noqa: F401  (outer steps every H inner steps: hvdp.outer)
 from .watched import watched_collectives as _watched_collectives
 from hvdp.cluster import exits as _exits

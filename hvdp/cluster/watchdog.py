@@ -29,8 +29,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import json
-import socket
 import threading
 import time
 from contextlib import contextmanager
@@ -40,8 +38,8 @@ from ..config import stall_timeout_s
 from .failures import settled
 from .flight import RECORDER as FLIGHT
 from .reports import SHUTDOWN_TEXT, is_consequence
+from .stall_notes import StallNotes, describe
 
-NOTE_KEY = "stall-{rank}"
 NOTE_AT = 0.5        # a wait this fraction of the deadline old leaves its note on the board
 ENDING_AFTER_S = 1.0  # a wait this old looks on the board for a rank ending after its error
 DOWN_WAIT_S = 30.0   # how long a failed wait waits for the watchdog's shutdown to return
@@ -49,30 +47,6 @@ DOWN_WAIT_S = 30.0   # how long a failed wait waits for the watchdog's shutdown 
 
 class StallError(RuntimeError):
     """Some rank did not arrive at a collective within the deadline."""
-
-
-def describe(rank: int, name: str, timeout_s: float, size: int, notes: Dict[int, dict],
-             board: bool) -> str:
-    """The watchdog's message from every rank's note (rank -> its note), this rank's included."""
-    head = (f"hvdp stall watchdog: rank {rank} waited {timeout_s:g} s at {name}")
-    if not board:
-        return (f"{head}; no failure board, so which ranks did not arrive is unknown (they did not "
-                "submit their part of it: a long evaluation or data loading on one rank, an exited "
-                f"or killed rank, or ranks that call collectives in another order). {_FIX}")
-    missing = [r for r in range(size) if r not in notes]
-    elsewhere = sorted((r, n["name"]) for r, n in notes.items() if n.get("name") != name)
-    parts = []
-    if missing:
-        parts.append(f"rank{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))} "
-                     f"did not arrive")
-    parts += [f"rank {r} waits at {n} instead" for r, n in elsewhere]
-    if not parts:
-        parts.append("every rank waits there (Horovod itself made no progress)")
-    return f"{head}: {'; '.join(parts)}. {_FIX}"
-
-
-_FIX = ("Find what that rank is doing (its own log, py-spy dump); for work that legitimately "
-        "takes longer on some ranks raise HVDP_STALL_TIMEOUT_SECONDS (0: no watchdog).")
 
 
 class _Wait:
@@ -84,7 +58,7 @@ class _Wait:
         self.calls = ()  # and the calls then in progress that it may be part of
 
 
-class StallWatchdog:
+class StallWatchdog(StallNotes):
     """One per process (the adapters make it); a thread starts at the first wait.
 
     Args:
@@ -248,38 +222,6 @@ class StallWatchdog:
                 self.check()
             except Exception:  # the watchdog must never take a healthy job down
                 pass
-
-    def _board(self):
-        return getattr(self._reporter, "board", None)
-
-    def _put_note(self, w: Optional[_Wait]) -> None:
-        board = self._board()
-        if board is None:
-            return
-        try:
-            rank = int(self._get_rank())
-            data = {"rank": rank, "host": socket.gethostname(), "time": time.time()}
-            if w is not None:
-                data.update(name=w.name, since=w.wall0)
-            board.put(NOTE_KEY.format(rank=rank), json.dumps(data).encode())
-        except Exception:
-            pass
-
-    def notes(self, size: int, since: float) -> Dict[int, dict]:
-        """Every rank's current note of a wait that began after ``since`` - one deadline
-        (older ones are of earlier waits that the ranks left without clearing)."""
-        board, out = self._board(), {}
-        if board is None:
-            return out
-        for r in range(size):
-            try:
-                got = board.get(NOTE_KEY.format(rank=r))
-                n = json.loads(got) if got else None
-            except Exception:
-                n = None
-            if n and n.get("name") is not None and float(n.get("since", 0)) >= since:
-                out[r] = n
-        return out
 
     def check(self) -> bool:
         """One look at this process's wait; True when it fired (and shut Horovod down)."""

@@ -7,7 +7,8 @@ import pytest
 from hvdp.cluster.boards import DirBoard
 from hvdp.cluster.failures import FailureReporter
 from hvdp.cluster.reports import parse_reports
-from hvdp.cluster.watchdog import NOTE_KEY, StallError, StallWatchdog
+from hvdp.cluster.stall_notes import NOTE_KEY
+from hvdp.cluster.watchdog import StallError, StallWatchdog
 
 
 class Clock:
