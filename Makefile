@@ -20,15 +20,10 @@ demo: setup
 	    --compression $(COMPRESSION) 2>&1 | sed -u -e 's/\[[0-9,]*\]<std[a-z]*>://g' \
 	    -e '/^WARNING: All log messages before absl/d' -e '/^I0000 .*port.cc/d'
 
-# TEST_JOBS pytest processes (pytest-xdist, a file to a process: the tests of one file never run
-# side by side); a horovodrun job leaves a core idle much of its time (start-up, waits).
-# TEST_JOBS=1, or no pytest-xdist: one process.
-TEST_JOBS ?= 2
 test: setup
 	$(VENV)/bin/ruff check --quiet .
 	@$(MKDOCS_BUILD)
-	if [ "$(TEST_JOBS)" -gt 1 ] && $(PY) -c "import xdist" 2>/dev/null; then jobs="-n $(TEST_JOBS) --dist loadfile"; fi; \
-	    $(PY) -m pytest -q --durations=25 $$jobs tests
+	$(PY) -m pytest -q --durations=25 tests
 
 # ruff's rules and line length: pyproject.toml [tool.ruff]; also the first step of `make test`
 .PHONY: lint

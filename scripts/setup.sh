@@ -101,10 +101,9 @@ if [[ ! -f "$ENV_DIR/.ray-$RAY_VERSION" ]]; then
     fi
 fi
 # Test-only extras on their own marker (as Ray): Lightning (hvdp.lightning's tests), Hypothesis
-# (the codecs' random-input tests), pyspark (Spark's TorchDistributor, test_spark.py), pytest-xdist
-# (`make test` runs the suite in two pytest processes; without it, in one). torch stays the pinned
-# one (pip keeps what satisfies them).
-EXTRAS=(lightning==2.6.6 hypothesis==6.170.17 pyspark==4.3.0 pytest-xdist==3.8.0)
+# (the codecs' random-input tests), pyspark (Spark's TorchDistributor, test_spark.py). torch stays
+# the pinned one (pip keeps what satisfies them).
+EXTRAS=(lightning==2.6.6 hypothesis==6.170.17 pyspark==4.3.0)
 EXTRAS_KEY=$(printf '%s\n' "${EXTRAS[@]}" | sha256sum | cut -c1-12)
 if [[ ! -f "$ENV_DIR/.extras-$EXTRAS_KEY" ]]; then
     say "installing ${EXTRAS[*]}"
