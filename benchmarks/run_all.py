@@ -61,6 +61,10 @@ STAGES = [
 ] + links.stages(python, RES) + [
     ("hvdp vs DDP's hooks (three links)", lambda: python([os.path.join(HERE, "peers.py")], timeout=5400)),
     ("time to target loss (GPT, three links)", lambda: python([os.path.join(HERE, "tta.py")], timeout=5400)),
+    ("powersgd against DDP's PowerSGD hook (GPT, loopback, 3 seeds)",
+     lambda: python([os.path.join(HERE, "powersgd_parity.py")], timeout=3600)),
+    ("hvdp none and auto against Horovod's own optimizer and DDP plain (GPT, loopback, 3 seeds)",
+     lambda: python([os.path.join(HERE, "runtime_gap.py")], timeout=3600)),
     ("time to target loss with outer steps (small GPT, three links, 3 seeds)",
      lambda: python([os.path.join(HERE, "outer_tta.py")], timeout=5400)),
     ("streaming outer steps: compute utilisation (loopback, 100 Mbit/s, 3 runs)",

@@ -23,9 +23,10 @@ its own Gloo group in the same two processes.
   buckets (7 instead of 1: their exchange overlaps the backward pass), auto; DDP plain, + fp16 hook,
   + bf16 hook (DDP refuses it on Gloo: its message is kept), + PowerSGD ranks 1, 4, 8 (error
   feedback, warm start, plain allreduce for its first ``powersgd_start`` steps, one DDP bucket).
-  Each is its own run from the same initial weights with the same batches (one per step and
-  rank); the runs take turns step by step in the same processes, so that the machine's noise
-  hits all alike.
+  Horovod's own ``horovod.torch.DistributedOptimizer`` ("horovod none") only when ``--only``
+  names it (``runtime_gap.py``). Each is its own run from the same initial weights with the
+  same batches (one per step and rank); the runs take turns step by step in the same processes,
+  so that the machine's noise hits all alike.
 - Timed: the training steps only (a barrier before each; the slower rank's time). The held-out
   evaluations (every ``eval_every`` steps, 64 windows) are not counted; their cost is reported.
 - Bytes per step: the namespace loopback's transmit counter around each step, / 2 workers.
@@ -154,7 +155,7 @@ class Run:
             self.exchange()
             self.step += 1
             return 0.0
-        loss = train_step(self.opt, self.model, self.net, x, y, autocast, self.kind == "hvdp")
+        loss = train_step(self.opt, self.model, self.net, x, y, autocast, self.kind in ("hvdp", "horovod"))
         self.sched.step()
         self.step += 1
         return loss.item()
@@ -249,6 +250,12 @@ def worker(a):
             refused[label] = str(e)
             continue
         runs.append(Run(label, "ddp", m, adamw(m.parameters()), m.module, limit, hook, sz))
+    if only is not None and "horovod none" in only:  # Horovod's own optimizer, asked for by name only
+        import horovod.torch as upstream
+        m = copy.deepcopy(base)
+        opt = upstream.DistributedOptimizer(adamw(m.parameters()), named_parameters=[
+            (f"horovod.{k}", p) for k, p in m.named_parameters()])
+        runs.append(Run("horovod none", "horovod", m, opt, m, limit, "none", sz))
     m = copy.deepcopy(base)
     runs.append(Run("compute only", "compute", m, adamw(m.parameters()), m, sz["T"], "-", sz))
     if only is not None:
