@@ -45,7 +45,7 @@ class StallNotes:
     ``_get_rank``)."""
 
     def _board(self):
-        return getattr(self._reporter, "board", None)
+        return self._reporter.board if self._reporter is not None else None
 
     def _put_note(self, w: Optional[object]) -> None:
         board = self._board()

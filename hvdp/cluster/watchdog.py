@@ -64,7 +64,8 @@ class StallWatchdog(StallNotes):
     Args:
         timeout_s: the deadline of one wait; 0: off. None: from ``HVDP_STALL_TIMEOUT_SECONDS``.
         get_rank, get_size: this rank and the job's size (read while Horovod is up).
-        reporter: the process's ``hvdp.cluster.failures.FailureReporter`` (its board, the notes).
+        reporter: the process's ``hvdp.cluster.failures.FailureReporter`` (its board, the notes),
+            or None (no board: the message cannot name the missing ranks).
         shutdown: shuts Horovod down, so that every waiting collective fails.
         clock: monotonic seconds (tests pass a fake one and call :meth:`check` themselves).
     """
@@ -234,7 +235,7 @@ class StallWatchdog(StallNotes):
             return False
         waited = self._clock() - w.t0
         if waited >= ENDING_AFTER_S and not self._ending_seen:  # a rank ending after its error
-            ending = getattr(self._reporter, "ending_rank", lambda since: None)(self._since)
+            ending = self._reporter.ending_rank(self._since) if self._reporter is not None else None
             if ending is not None:
                 self._ending_seen = True
                 try:
