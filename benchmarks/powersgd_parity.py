@@ -30,12 +30,14 @@ def labels():
     return [f"hvdp powersgd{r}" for r in RANKS] + [f"ddp+powersgd{r}" for r in RANKS]
 
 
-def run_seed(seed, rate, controller="gloo"):
+def run_seed(seed, rate, controller="gloo", methods=None):
+    """One tta.py worker job of ``methods`` (labels; default this stage's) with ``seed``'s weights,
+    batches and target on link ``rate``: its JSON with ``summary`` (tta.summarise)."""
     isolate = slowlink.unavailable(rate, isolate=True) is None
     why = slowlink.unavailable(rate, isolate=isolate)
     if why:
         raise SystemExit(f"the link {rate} cannot be made here: {why}")
-    args = ["--worker", "--size", "full", "--seed", str(seed), "--only", ";".join(labels())]
+    args = ["--worker", "--size", "full", "--seed", str(seed), "--only", ";".join(methods or labels())]
     t0 = time.time()
     with slowlink.link(rate, isolate=isolate) as (prefix, gbit):
         res = slowlink.run_job(prefix, "tta.py", args, timeout=3600, controller=controller)

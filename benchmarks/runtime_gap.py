@@ -19,28 +19,12 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-import slowlink  # noqa: E402
 import tta  # noqa: E402
+from powersgd_parity import run_seed, spread  # noqa: E402  (one tta.py worker job per seed)
 
 METHODS = ("hvdp none", "hvdp auto", "horovod none", "ddp")
 RATIOS = (("hvdp auto", "hvdp none", 1.0), ("hvdp auto", "ddp", 1.02), ("hvdp none", "ddp", None),
           ("horovod none", "ddp", None), ("hvdp none", "horovod none", None))
-
-
-def run_seed(seed):
-    isolate = slowlink.unavailable("none", isolate=True) is None
-    args = ["--worker", "--size", "full", "--seed", str(seed), "--only", ";".join(METHODS)]
-    t0 = time.time()
-    with slowlink.link("none", isolate=isolate) as (prefix, gbit):
-        res = slowlink.run_job(prefix, "tta.py", args, timeout=3600)
-    res.update(rate="none", measured_gbit_s=gbit, job_s=time.time() - t0, seed=seed)
-    res["summary"] = tta.summarise(res)
-    print(f"seed {seed}: {res['job_s']:.0f} s", file=sys.stderr, flush=True)
-    return res
-
-
-def spread(xs):
-    return f"{statistics.median(xs):.3f} (min {min(xs):.3f}, max {max(xs):.3f})" if xs else "—"
 
 
 def report(per_seed, minutes, load):
@@ -84,7 +68,7 @@ def main():
         per_seed, minutes, load = saved["runs"], saved["minutes"], saved["load"]
     else:
         t0 = time.time()
-        per_seed = [run_seed(s) for s in a.seeds]
+        per_seed = [run_seed(s, "none", methods=METHODS) for s in a.seeds]
         minutes, load = (time.time() - t0) / 60, os.getloadavg()[0]
         with open(stem + ".json", "w") as f:
             json.dump({"minutes": minutes, "load": load, "runs": per_seed}, f)
