@@ -65,6 +65,8 @@ STAGES = [
      lambda: python([os.path.join(HERE, "powersgd_parity.py")], timeout=3600)),
     ("hvdp none and auto against Horovod's own optimizer and DDP plain (GPT, loopback, 3 seeds)",
      lambda: python([os.path.join(HERE, "runtime_gap.py")], timeout=3600)),
+    ("Horovod's cycle time without a GPU: 1 ms against 5 ms (GPT, loopback, 2 jobs each)",
+     lambda: python([os.path.join(HERE, "cycle_time.py")], timeout=3600)),
     ("time to target loss with outer steps (small GPT, three links, 3 seeds)",
      lambda: python([os.path.join(HERE, "outer_tta.py")], timeout=5400)),
     ("streaming outer steps: compute utilisation (loopback, 100 Mbit/s, 3 runs)",

@@ -13,7 +13,7 @@ import subprocess
 import sys
 from importlib import metadata
 
-from .cluster import bootstrap
+from .cluster import bootstrap, cycle
 from . import config
 from .kernels.registry import kernel_paths
 
@@ -244,6 +244,7 @@ def diagnose() -> dict:
             report["kernels"]["cuda"] = cuda["lines"]
     stall_notes, stall_problems = hang_settings(os.environ)
     report.setdefault("notes", []).extend(stall_notes)
+    report["notes"].append(cycle.describe(os.environ, uses_gpu="cuda" in report["kernels"]))
     pit.extend(stall_problems)
     ok = [fw for fw, info in frameworks.items() if info["ok"]]
     report["frameworks"] = {fw: frameworks[fw] for fw in ok}

@@ -61,7 +61,8 @@ def init(comm=None, process_sets=None):
     """Horovod's ``init(comm=None, process_sets=None)``; under torchrun / srun without horovodrun
     it first starts Horovod's Gloo controller from the launcher's variables (``hvdp.cluster.bootstrap``,
     through torch's TCPStore, on either backend where torch is installed, as it is wherever torchrun
-    runs), and it raises where the launcher's world is larger than the job Horovod joined (never a
+    runs); without a GPU it sets Horovod's cycle time to 5 ms where none is set
+    (``hvdp.cluster.cycle``); and it raises where the launcher's world is larger than the job Horovod joined (never a
     silent size-1 job)."""
     import importlib
     import importlib.util
@@ -72,7 +73,7 @@ def init(comm=None, process_sets=None):
         return _bootstrap.tcp_store(importlib.import_module("torch.distributed"), launcher)
 
     _bootstrap.init(_B.hvd.init, _B.hvd.size, _B.hvd.is_initialized, comm, process_sets,
-                    make_store=store if importlib.util.find_spec("torch") else None)
+                    make_store=store if importlib.util.find_spec("torch") else None, uses_gpu=_B.uses_gpu)
 
 from hvdp import __version__  # noqa: E402,F401
 from hvdp.codecs import Compression  # noqa: E402,F401

@@ -139,6 +139,11 @@ class TFBackend:
     tensor_types = (tf.Tensor, tf.Variable)  # what horovod.tensorflow's compressors take
 
     @staticmethod
+    def uses_gpu():
+        """Whether TensorFlow sees a GPU (Horovod's cycle time: ``hvdp.cluster.cycle``)."""
+        return bool(tf.config.list_physical_devices("GPU"))
+
+    @staticmethod
     def collective_input(x):
         """What horovod.tensorflow.keras makes of a collective's value: ``tf.constant(value)``
         (numpy arrays, Python numbers and lists; a Keras variable by its value)."""

@@ -83,6 +83,7 @@ class TorchBackend:
     elastic_run = staticmethod(_torch_elastic_run)
     eager_steps = True  # Keras runs the torch backend's train step eagerly: auto per bucket
     tensor_types = (torch.Tensor,)  # what horovod.torch's compressors take
+    uses_gpu = staticmethod(torch.cuda.is_available)  # Horovod's cycle time: hvdp.cluster.cycle
 
     @staticmethod
     def collective_input(x):

@@ -6,6 +6,7 @@ Example::
     import hvdp.torch as hvd
     hvd.init()            # under torchrun --nproc-per-node 2: a size-2 Horovod Gloo job
 """
+import torch as _torch
 import torch.distributed as _dist
 from horovod.torch import init as _horovod_init
 from horovod.torch import is_initialized as _is_initialized
@@ -31,7 +32,8 @@ def init(comm=None, process_sets=None):
     """Horovod's ``init(comm=None, process_sets=None)``; under torchrun / srun without horovodrun
     it first starts Horovod's Gloo controller from the launcher's variables (or, without any
     launcher's variables, from an already initialised torch.distributed process group of several
-    ranks, through its store), and it raises where the launcher's world is larger than the job
+    ranks, through its store); without a GPU it sets Horovod's cycle time to 5 ms where none is
+    set (``hvdp.cluster.cycle``); and it raises where the launcher's world is larger than the job
     Horovod joined (never a silent size-1 job)."""
     _bootstrap.init(_horovod_init, _size, _is_initialized, comm, process_sets, make_store=_store,
-                    group=_group)
+                    group=_group, uses_gpu=_torch.cuda.is_available)

@@ -33,6 +33,7 @@ import socket
 import struct
 from typing import Callable, Dict, List, Mapping, Optional, Sequence
 
+from . import cycle
 from .launchers import FIX, Launcher, Slot, check_size, detect, env_int, plan
 
 def _route_source(addr: str) -> Optional[str]:
@@ -184,12 +185,15 @@ def as_launched(environ: Mapping[str, str]) -> Mapping[str, str]:
 
 def init(horovod_init: Callable, horovod_size: Callable[[], int], is_initialized: Callable[[], bool],
          comm=None, process_sets=None, make_store: Optional[Callable[[Launcher], object]] = None,
-         environ=None, group: Optional[Callable[[], Optional[tuple]]] = None) -> None:
+         environ=None, group: Optional[Callable[[], Optional[tuple]]] = None,
+         uses_gpu: Callable[[], bool] = lambda: False) -> None:
     """hvdp's ``hvd.init(comm=None, process_sets=None)``: bootstrap Gloo where the launcher needs
-    it (``make_store(launcher)`` gives the store; None: refuse naming horovodrun/mpirun), call
-    Horovod's init, then refuse a job smaller than the launcher's world. ``group()``: (rank, size,
-    name) of the framework's initialised process group, or None; used where no launcher's
-    variables are present (the store is then the group's, ``make_store`` of a ``group`` launcher)."""
+    it (``make_store(launcher)`` gives the store; None: refuse naming horovodrun/mpirun), set
+    Horovod's cycle time for a job without a GPU where none is set (``hvdp.cluster.cycle``;
+    ``uses_gpu()`` says), call Horovod's init, then refuse a job smaller than the launcher's world.
+    ``group()``: (rank, size, name) of the framework's initialised process group, or None; used
+    where no launcher's variables are present (the store is then the group's, ``make_store`` of a
+    ``group`` launcher)."""
     environ = os.environ if environ is None else environ
     launched = as_launched(environ)
     launcher = detect(launched)
@@ -211,6 +215,8 @@ def init(horovod_init: Callable, horovod_size: Callable[[], int], is_initialized
         env = bootstrap(launcher, store, environ=launched)
         _SET.append(env)
         environ.update(env)
+    if not is_initialized():
+        cycle.apply(uses_gpu, environ)
     horovod_init(comm=comm, process_sets=process_sets)
     if comm is None:
         check_size(launcher, horovod_size())

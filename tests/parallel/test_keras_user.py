@@ -13,8 +13,8 @@ from conftest import CONTROLLERS, WORKERS, checks_passed, horovodrun
 
 pytestmark = pytest.mark.parallel
 
-CHECKS = ["save_load", "compressor", "refreeze", "module_collectives", "local_vars", "broadcast_local", "lazy_model",
-          "elastic_callbacks", "elastic_restore_after_sync", "freed"]
+CHECKS = ["cycle_time", "save_load", "compressor", "refreeze", "module_collectives", "local_vars", "broadcast_local",
+          "lazy_model", "elastic_callbacks", "elastic_restore_after_sync", "freed"]
 
 
 @functools.lru_cache(maxsize=None)

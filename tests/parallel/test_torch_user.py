@@ -12,8 +12,8 @@ from conftest import CONTROLLERS, WORKERS, checks_passed, horovodrun
 
 pytestmark = pytest.mark.parallel
 
-CHECKS = ["two_optimizers", "bf16", "bf16_join", "noncontiguous", "requires_grad", "fresh_state_broadcast",
-          "amp_skipped_steps"]
+CHECKS = ["cycle_time", "two_optimizers", "bf16", "bf16_join", "noncontiguous", "requires_grad",
+          "fresh_state_broadcast", "amp_skipped_steps"]
 
 
 @functools.lru_cache(maxsize=None)

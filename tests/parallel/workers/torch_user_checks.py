@@ -375,7 +375,16 @@ def _check_used_on_one_rank(x, y):
     assert err <= 1e-6, f"used on one rank: off the average by {err:.3g}"
 
 
+def check_cycle_time():
+    """hvd.init() left the user's HOROVOD_CYCLE_TIME alone, else set 5 ms without a GPU (hvdp.cluster.cycle)."""
+    import os
+    want = CYCLE_BEFORE_INIT or (None if torch.cuda.is_available() else "5")
+    got = os.environ.get("HOROVOD_CYCLE_TIME")
+    assert got == want, f"HOROVOD_CYCLE_TIME after hvd.init(): {got!r}, wanted {want!r}"
+
+
 CHECKS = {
+    "cycle_time": check_cycle_time,
     "two_optimizers": check_two_optimizers,
     "bf16": check_bf16,
     "bf16_join": check_bf16_join,
@@ -386,6 +395,8 @@ CHECKS = {
 }
 
 if __name__ == "__main__":
+    import os
+    CYCLE_BEFORE_INIT = os.environ.get("HOROVOD_CYCLE_TIME")
     hvd.init()
     torch.set_num_threads(1)
     for name in sys.argv[1:] or list(CHECKS):
