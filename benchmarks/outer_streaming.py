@@ -75,6 +75,8 @@ def main():
                 print(f"{rate} repeat {rep}: {time.time() - t0:.0f} s", file=sys.stderr, flush=True)
             results["links"][rate] = runs
         results["minutes"] = (time.time() - t0) / 60
+        results["horovod_cycle"] = slowlink.horovod_cycle()
+        results["load"] = os.getloadavg()[0]
         with open(stem + ".json", "w") as f:
             json.dump(results, f)
     md = report(results)
@@ -89,8 +91,9 @@ def report(results):
 
     lines = [f"Streaming outer steps (int4), small GPT of outer_tta.py, 2 workers, T = 320; median of "
              f"{max(len(r) for r in results['links'].values() if isinstance(r, list))} runs per link (range). "
-             f"The run took {results.get('minutes', float('nan')):.1f} min; load average {os.getloadavg()[0]:.1f} "
-             "when written.", ""]
+             f"The run took {results.get('minutes', float('nan')):.1f} min; load average "
+             f"{results.get('load') or os.getloadavg()[0]:.1f} at its end. Horovod's cycle: "
+             f"{slowlink.cycle_words(results)}.", ""]
     targets = []
     for rate, label in LINKS:
         runs = results["links"].get(rate)

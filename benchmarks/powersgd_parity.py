@@ -73,14 +73,15 @@ def spread(xs):
     return f"{statistics.median(xs):.3f} (min {min(xs):.3f}, max {max(xs):.3f})" if xs else "—"
 
 
-def report(per_seed, rows, minutes, rate, controller="gloo", load=None):
+def report(per_seed, rows, minutes, rate, controller="gloo", load=None, cycle=None):
     load = os.getloadavg()[0] if load is None else load
     targets = ", ".join(f"{r['target']:.4f}" for r in per_seed)
     lines = [f"hvdp powersgd against DDP + PowerSGD, same rank, warm-up of {per_seed[0]['size']['powersgd_start']} "
              f"plain steps, link {rate}, Horovod over {controller} (horovodrun --{controller}), "
              f"seeds {[r['seed'] for r in per_seed]}; the run took {minutes:.1f} min, "
              f"load average {load:.1f} at its end. Target per seed: its float32 loss at step "
-             f"T = {per_seed[0]['size']['T']} x 1.01 ({targets}).", "",
+             f"T = {per_seed[0]['size']['T']} x 1.01 ({targets}). Horovod's cycle: "
+             f"{cycle or slowlink.horovod_cycle()}.", "",
              "| rank | seed | hvdp steps to target | DDP steps | hvdp final loss | DDP final loss | hvdp step (s) "
              "| DDP step (s) |", "|---|---|---|---|---|---|---|---|"]
     for row in rows:
@@ -115,15 +116,15 @@ def main():
         with open(stem + ".json") as f:
             saved = json.load(f)
         per_seed, minutes = saved["runs"], saved["minutes"]
-        a.controller, load = saved.get("controller", "gloo"), saved.get("load")
+        a.controller, load, cycle = saved.get("controller", "gloo"), saved.get("load"), slowlink.cycle_words(saved)
     else:
         t0 = time.time()
         per_seed = [run_seed(s, a.rate, a.controller) for s in a.seeds]
-        minutes, load = (time.time() - t0) / 60, os.getloadavg()[0]
+        minutes, load, cycle = (time.time() - t0) / 60, os.getloadavg()[0], slowlink.horovod_cycle()
         with open(stem + ".json", "w") as f:
             json.dump({"minutes": minutes, "rate": a.rate, "controller": a.controller, "load": load,
-                       "runs": per_seed}, f)
-    md = report(per_seed, compare(per_seed), minutes, a.rate, a.controller, load)
+                       "horovod_cycle": cycle, "runs": per_seed}, f)
+    md = report(per_seed, compare(per_seed), minutes, a.rate, a.controller, load, cycle)
     with open(stem + ".md", "w") as f:
         f.write(md)
     print(md)

@@ -19,6 +19,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+import slowlink  # noqa: E402
 import tta  # noqa: E402
 from powersgd_parity import run_seed, spread  # noqa: E402  (one tta.py worker job per seed)
 
@@ -27,11 +28,11 @@ RATIOS = (("hvdp auto", "hvdp none", 1.0), ("hvdp auto", "ddp", 1.02), ("hvdp no
           ("horovod none", "ddp", None), ("hvdp none", "horovod none", None))
 
 
-def report(per_seed, minutes, load):
+def report(per_seed, minutes, load, cycle):
     lines = [f"hvdp none, hvdp auto, Horovod's own DistributedOptimizer and DDP plain on the unthrottled "
              f"loopback (the tta.py GPT, 2 workers, horovodrun --gloo), seeds {[r['seed'] for r in per_seed]}; "
              f"the run took {minutes:.1f} min, load average {load:.1f} at its end. Target per seed: its "
-             "float32 loss at step T x 1.01.", "",
+             f"float32 loss at step T x 1.01. Horovod's cycle: {cycle}.", "",
              "| seed | compute only (s) | " + " | ".join(f"{m} step (s)" for m in METHODS) + " | "
              + " | ".join(f"{m} to target (s)" for m in METHODS) + " |",
              "|---" * (2 + 2 * len(METHODS)) + "|"]
@@ -66,13 +67,14 @@ def main():
         with open(stem + ".json") as f:
             saved = json.load(f)
         per_seed, minutes, load = saved["runs"], saved["minutes"], saved["load"]
+        cycle = slowlink.cycle_words(saved)
     else:
         t0 = time.time()
         per_seed = [run_seed(s, "none", methods=METHODS) for s in a.seeds]
-        minutes, load = (time.time() - t0) / 60, os.getloadavg()[0]
+        minutes, load, cycle = (time.time() - t0) / 60, os.getloadavg()[0], slowlink.horovod_cycle()
         with open(stem + ".json", "w") as f:
-            json.dump({"minutes": minutes, "load": load, "runs": per_seed}, f)
-    md = report(per_seed, minutes, load)
+            json.dump({"minutes": minutes, "load": load, "horovod_cycle": cycle, "runs": per_seed}, f)
+    md = report(per_seed, minutes, load, cycle)
     with open(stem + ".md", "w") as f:
         f.write(md)
     print(md)

@@ -19,6 +19,19 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
+def horovod_cycle(environ=None) -> str:
+    """Horovod's cycle time the benchmark's workers run at, as a report says it (they inherit
+    ``HOROVOD_CYCLE_TIME``; without it hvd.init() sets hvdp.cluster.cycle's for a CPU job)."""
+    from hvdp.cluster.cycle import CPU_CYCLE_MS
+    v = (os.environ if environ is None else environ).get("HOROVOD_CYCLE_TIME")
+    return f"{v} ms (HOROVOD_CYCLE_TIME set)" if v else f"{CPU_CYCLE_MS} ms (hvd.init()'s without a GPU)"
+
+
+def cycle_words(saved: dict) -> str:
+    """A saved result's cycle time; results saved before hvd.init() set one ran at Horovod's 1 ms."""
+    return saved.get("horovod_cycle") or "1 ms (Horovod's default: run before hvd.init() set a cycle)"
+
+
 def sh(*cmd, **kw):
     return subprocess.run(list(cmd), check=True, capture_output=True, text=True, timeout=60, **kw)
 

@@ -478,12 +478,12 @@ def main():
     if a.report_only:
         with open(stem + ".json") as f:
             saved = json.load(f)
-        results, minutes = saved["links"], saved["minutes"]
+        results, minutes, load = saved["links"], saved["minutes"], saved.get("load")
     else:
         results = run_links("quick" if a.quick else "full")
-        minutes = (time.time() - t0) / 60
+        minutes, load, saved = (time.time() - t0) / 60, os.getloadavg()[0], {"horovod_cycle": slowlink.horovod_cycle()}
         with open(stem + ".json", "w") as f:
-            json.dump({"quick": a.quick, "minutes": minutes, "links": results}, f)
+            json.dump(dict(saved, quick=a.quick, minutes=minutes, load=load, links=results), f)
     text, notes = table(results)
     mark = {True: "met", False: "NOT met", None: ""}
     rows = target_rows(results)
@@ -491,7 +491,9 @@ def main():
     head = [f"Target: hvdp none's held-out loss at step T x 1.01 = {target:.4f}" if target else "No target",
             f"(T = {SIZES['quick' if a.quick else 'full']['T']}; a method not there by 2T is not reached). "
             "Seconds: training steps only, the slower rank's, summed. "
-            f"The run took {minutes:.1f} min; load average {os.getloadavg()[0]:.1f} when written.", ""]
+            f"The run took {minutes:.1f} min; load average " + (f"{load:.1f} at its end" if load else
+                                                                   f"{os.getloadavg()[0]:.1f} when written")
+            + f". Horovod's cycle: {slowlink.cycle_words(saved)}.", ""]
     md = "\n".join(head + notes + ["", text, "", "| target | value | wanted | |", "|---|---|---|---|"]
                    + [f"| {m} | {v} | {t} | {mark[k]} |" for m, v, t, k in rows]) + "\n"
     with open(stem + ".md", "w") as f:
