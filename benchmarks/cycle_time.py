@@ -11,13 +11,12 @@ set for each job, so hvd.init() keeps it. Every method runs in processes where H
 cycles, DDP and "compute only" included: what the cycle costs them is CPU taken by that thread.
 """
 import argparse
-import json
 import os
 import sys
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+import slowlink  # noqa: E402
 import tta  # noqa: E402
 from powersgd_parity import run_seed, spread  # noqa: E402  (one tta.py worker job)
 from runtime_gap import METHODS  # noqa: E402
@@ -60,12 +59,9 @@ def main():
     ap.add_argument("--report-only", action="store_true")
     a = ap.parse_args()
     stem = os.path.join(tta.RES, "cycle_time")
-    if a.report_only:
-        with open(stem + ".json") as f:
-            saved = json.load(f)
-        jobs, minutes, load = saved["jobs"], saved["minutes"], saved["load"]
-    else:
-        t0, jobs = time.time(), []
+
+    def run():
+        jobs = []
         for _ in range(a.repeats):
             for c in CYCLES:
                 os.environ["HOROVOD_CYCLE_TIME"] = c  # the workers inherit it; hvd.init() keeps it
@@ -73,10 +69,9 @@ def main():
                 res["cycle_ms"] = c
                 jobs.append(res)
         os.environ.pop("HOROVOD_CYCLE_TIME")
-        minutes, load = (time.time() - t0) / 60, os.getloadavg()[0]
-        with open(stem + ".json", "w") as f:
-            json.dump({"minutes": minutes, "load": load, "jobs": jobs}, f)
-    md = report(jobs, minutes, load)
+        return {"jobs": jobs}
+    saved = slowlink.saved_or_run(stem, a.report_only, run, cycle=False)  # each job names its own
+    md = report(saved["jobs"], saved["minutes"], saved["load"])
     with open(stem + ".md", "w") as f:
         f.write(md)
     print(md)

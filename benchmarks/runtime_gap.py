@@ -11,11 +11,9 @@ none's and <= 1.02 x DDP plain's; Horovod's own optimizer shows how much of hvdp
 is Horovod's runtime (its background cycle, its Gloo collectives) rather than hvdp's code.
 """
 import argparse
-import json
 import os
 import statistics
 import sys
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -63,18 +61,9 @@ def main():
     ap.add_argument("--report-only", action="store_true")
     a = ap.parse_args()
     stem = os.path.join(tta.RES, "runtime_gap")
-    if a.report_only:
-        with open(stem + ".json") as f:
-            saved = json.load(f)
-        per_seed, minutes, load = saved["runs"], saved["minutes"], saved["load"]
-        cycle = slowlink.cycle_words(saved)
-    else:
-        t0 = time.time()
-        per_seed = [run_seed(s, "none", methods=METHODS) for s in a.seeds]
-        minutes, load, cycle = (time.time() - t0) / 60, os.getloadavg()[0], slowlink.horovod_cycle()
-        with open(stem + ".json", "w") as f:
-            json.dump({"minutes": minutes, "load": load, "horovod_cycle": cycle, "runs": per_seed}, f)
-    md = report(per_seed, minutes, load, cycle)
+    saved = slowlink.saved_or_run(stem, a.report_only,
+                                  lambda: {"runs": [run_seed(s, "none", methods=METHODS) for s in a.seeds]})
+    md = report(saved["runs"], saved["minutes"], saved["load"], slowlink.cycle_words(saved))
     with open(stem + ".md", "w") as f:
         f.write(md)
     print(md)

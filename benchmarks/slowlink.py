@@ -15,6 +15,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -30,6 +31,23 @@ def horovod_cycle(environ=None) -> str:
 def cycle_words(saved: dict) -> str:
     """A saved result's cycle time; results saved before hvd.init() set one ran at Horovod's 1 ms."""
     return saved.get("horovod_cycle") or "1 ms (Horovod's default: run before hvd.init() set a cycle)"
+
+
+def saved_or_run(stem, report_only, run, cycle=True) -> dict:
+    """A stage's results: its saved ``stem.json`` (``report_only``), or ``run()`` (a dict) with the
+    run's minutes, the load average at its end and (``cycle``) the Horovod cycle its workers ran
+    at, saved there first."""
+    if report_only:
+        with open(stem + ".json") as f:
+            return json.load(f)
+    t0 = time.time()
+    saved = dict(run())
+    saved.update(minutes=(time.time() - t0) / 60, load=os.getloadavg()[0])
+    if cycle:
+        saved["horovod_cycle"] = horovod_cycle()
+    with open(stem + ".json", "w") as f:
+        json.dump(saved, f)
+    return saved
 
 
 def sh(*cmd, **kw):
