@@ -12,6 +12,7 @@ import hvdp.torch as hvd
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from reduction_bounds import check_reduced  # noqa: E402
+import cycle_check  # noqa: E402  (before hvd.init(): it reads the launcher's variable)
 
 CODECS = ["none", "fp16", "bf16", "int8", "topk"]
 BF16_REL = 2.0 ** -8  # one rounding to bfloat16 (8 significant bits): at most half an ulp <= 2^-8 |x|
@@ -375,16 +376,8 @@ def _check_used_on_one_rank(x, y):
     assert err <= 1e-6, f"used on one rank: off the average by {err:.3g}"
 
 
-def check_cycle_time():
-    """hvd.init() left the user's HOROVOD_CYCLE_TIME alone, else set 5 ms without a GPU (hvdp.cluster.cycle)."""
-    import os
-    want = CYCLE_BEFORE_INIT or (None if torch.cuda.is_available() else "5")
-    got = os.environ.get("HOROVOD_CYCLE_TIME")
-    assert got == want, f"HOROVOD_CYCLE_TIME after hvd.init(): {got!r}, wanted {want!r}"
-
-
 CHECKS = {
-    "cycle_time": check_cycle_time,
+    "cycle_time": lambda: cycle_check.check(torch.cuda.is_available()),
     "two_optimizers": check_two_optimizers,
     "bf16": check_bf16,
     "bf16_join": check_bf16_join,
@@ -395,8 +388,6 @@ CHECKS = {
 }
 
 if __name__ == "__main__":
-    import os
-    CYCLE_BEFORE_INIT = os.environ.get("HOROVOD_CYCLE_TIME")
     hvd.init()
     torch.set_num_threads(1)
     for name in sys.argv[1:] or list(CHECKS):
