@@ -144,7 +144,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             p.grad = p.grad.to_dense()
             self._densified.append(p)  # handed back sparse, as Horovod does (SparseAdam needs it)
         b = lay.bucket_of.get(p)
-        if b is not None and eng.compressing:
+        if b is not None and eng.packs(b):
             self._bucket_ready[b] = self._bucket_ready.get(b, 0) + 1
             if self._bucket_ready[b] == len(eng.plan.buckets[b]):
                 self._start_bucket(b)
@@ -207,7 +207,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._presence.submit([p not in absent for p in self._params],
                               self._params[0].device if self._params else None, eng.step)
         for b in range(len(eng.plan.buckets)):  # a bucket with params never reaching a hook
-            if eng.compressing and not eng.started(b):
+            if eng.packs(b) and not eng.started(b):
                 self._start_bucket(b)
         eng.exchange_all()
         for p, pend in self._handles.items():
@@ -221,7 +221,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 g = self._params[i].grad
                 g.copy_(piece.view_as(g))
         self._presence.finish_if_done()
-        if eng.keeps_residuals and eng.compressing:
+        if eng.compressing and eng.keeps_residuals:
             self._discard_if_not_finite()
         for p in self._densified:
             p.grad = p.grad.to_sparse()

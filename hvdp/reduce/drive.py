@@ -44,7 +44,20 @@ class StepDrive:
     def keeps_residuals(self) -> bool:
         """Whether a step leaves error-feedback residuals behind (what :meth:`discard_step` undoes)."""
         red = self.reducer
-        return red is not None and bool(self.plan.buckets) and red.error_feedback
+        return (red is not None and red.error_feedback
+                and any(self.packs(b) for b in range(len(self.plan.buckets))))
+
+    def packs(self, b: int, compress: Optional[bool] = None) -> bool:
+        """Whether bucket ``b``'s tensors go to the reducer as one flat bucket this step: when
+        compressing, unless auto gave the bucket float32 none; then its tensors take the plain
+        path one by one, as ``compression="none"`` sends them (no copy into a flat bucket, no
+        wait for the bucket's last gradient, no residuals to check). The choice changes only in
+        :meth:`begin_step`, so a step routes every tensor one way on every rank."""
+        if not (self.compressing if compress is None else compress):
+            return False
+        ch = self.chooser
+        choice = ch.choices.get(f"b{b}") if ch is not None else None
+        return choice is None or choice.codec.name != "none"
 
     def discard_step(self) -> None:
         """The step just reduced will not be applied (a loss scaler found a non-finite gradient
@@ -154,12 +167,12 @@ class StepDrive:
         """The first half of :meth:`reduce`: every collective's first phase started, nothing
         waited for. Outer steps submit at a sync and :meth:`complete` steps later."""
         self._join_flag = joined
-        buckets = self.plan.buckets if compress else ()
-        in_bucket = {i for idx in buckets for i in idx}
+        packed = [b for b in range(len(self.plan.buckets)) if self.packs(b, compress)]
+        in_bucket = {i for b in packed for i in self.plan.buckets[b]}
         plain = {i: self.start_plain([g], self.names[i], compress)[0]
                  for i, g in enumerate(grads) if i not in in_bucket}
-        for b, idx in enumerate(buckets):
-            self.start_bucket(b, [grads[i] for i in idx])
+        for b in packed:
+            self.start_bucket(b, [grads[i] for i in self.plan.buckets[b]])
         return Submitted(list(grads), plain, bool(compress), bool(joined))
 
     def complete(self, sub: "Submitted") -> List[Array]:

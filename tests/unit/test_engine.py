@@ -187,6 +187,47 @@ def test_auto_with_a_given_table_decides_per_bucket_and_uniformly():
         assert engs[0].summary()["codec"].startswith("auto("), engs[0].summary()["codec"]
 
 
+def test_a_bucket_auto_gave_none_goes_plain_tensor_by_tensor():
+    """Where auto gives a bucket float32 none, its tensors take the plain path one by one, as
+    compression="none" sends them (the same bits, no flat copy, no residuals to check); a
+    bucket auto compresses stays a bucket."""
+    from hvdp.reduce.auto import CostTable, Line
+
+    def run(codec, per_byte=None):
+        if per_byte is None:
+            settings = ReduceSettings(codecs.get(codec), CompressionPolicy(min_elements=100))
+        else:
+            links = {k: Line(1e-4, per_byte) for k in ("allreduce.float32", "allreduce.float16", "alltoall",
+                                                        "allgather")}
+            table = CostTable(2, links, {"int8(block_size=256)": Line(0, 1e-9)})
+            settings = ReduceSettings(codecs.Compression.auto.configure(candidates=("int8",), costs=table),
+                                      CompressionPolicy(min_elements=100))
+        group = FakeGroup(2)
+        engs = [Engine(settings, OPS, c, NumpyPlain(c, AVERAGE), gather(c)) for c in group.comms]
+        for e in engs:
+            e.set_layout(NAMES, SHAPES, [True] * 4)
+            e.begin_step()
+        subs = [e.submit(g) for e, g in zip(engs, grads_of(2, 4))]
+        for e in engs:  # every rank's second phase before any waits for it
+            e.exchange_all()
+        outs = [e.complete(sub) for e, sub in zip(engs, subs)]
+        for e in engs:
+            e.end_step()
+        return engs[0], outs[0]
+
+    none_eng, none_out = run("none")
+    fast, out = run("auto", per_byte=1e-12)        # a link so fast that int8's work never pays
+    assert {b["codec"] for b in fast.summary()["auto"]["buckets"]} == {"none"}, fast.summary()["auto"]
+    assert fast.plan.buckets and not any(fast.packs(b) for b in range(len(fast.plan.buckets)))
+    assert not fast.keeps_residuals
+    assert all(np.array_equal(a, b) for a, b in zip(out, none_out))
+    assert fast.summary()["last_step"]["none"]["tensors"] == 4, fast.summary()["last_step"]
+    slow, out8 = run("auto", per_byte=1e-6)        # a slow link: int8 pays, the bucket stays one
+    assert {b["codec"] for b in slow.summary()["auto"]["buckets"]} == {"int8(block_size=256)"}
+    assert all(slow.packs(b) for b in range(len(slow.plan.buckets))) and slow.keeps_residuals
+    assert slow.summary()["last_step"]["none"]["tensors"] == 2, slow.summary()["last_step"]
+
+
 def test_settings_say_what_to_fix():
     with pytest.raises(TypeError, match="CompressionPolicy"):
         ReduceSettings(codecs.get("int8"), policy={"min_elements": 1})

@@ -117,8 +117,10 @@ def forced(candidates, per_byte):
 
 
 def check_forced_equals_fixed():
-    """Auto made to choose int8 (then fp16) everywhere trains exactly as the fixed codec."""
-    for name, auto in (("int8", forced(("int8",), 1e-6)), ("fp16", forced(("fp16",), 1e-6))):
+    """Auto made to choose int8 (then fp16, then none) everywhere trains exactly as the fixed
+    codec; buckets given none go tensor by tensor, as compression="none" sends them."""
+    for name, auto in (("int8", forced(("int8",), 1e-6)), ("fp16", forced(("fp16",), 1e-6)),
+                       ("none", forced(("int8",), 1e-13))):
         model, x, y = model_and_data(seed=3)
         twin = copy.deepcopy(model)
         sl = my_slice(len(x))
@@ -127,6 +129,8 @@ def check_forced_equals_fixed():
             step(model, opt, x[sl], y[sl])
             step(twin, fixed, x[sl], y[sl])
         assert set(decision(opt).values()) == {str(hvd.Compression.__dict__[name])}, decision(opt)
+        packed = [opt.engine.packs(b) for b in range(len(opt.engine.plan.buckets))]
+        assert packed and (not any(packed) if name == "none" else all(packed)), (name, packed)
         for (k, p), q in zip(model.named_parameters(), twin.parameters()):
             assert torch.equal(p, q), f"{name}: {k} differs between auto and fixed"
 
