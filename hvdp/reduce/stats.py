@@ -7,10 +7,11 @@ from collections import defaultdict
 from typing import Dict, Optional
 
 # What ``sent`` does not count, per worker, fitted on the loopback counter of an isolated
-# namespace (benchmarks/results/wire_bytes.md, 2 workers, Gloo, Horovod's default cycle time):
-# Horovod's per-cycle coordination, Gloo's framing and TCP/IP headers together grow with wall
-# time, ~0.35 MB/s per worker (0.09-0.43 MB/s measured across codecs). An estimate, not a count.
-UNCOUNTED_BYTES_PER_S = 350e3
+# namespace (``python benchmarks/wire_bytes.py``: 2 workers, Gloo, the 5 ms cycle hvd.init() sets
+# without a GPU): Horovod's per-cycle coordination, Gloo's framing and TCP/IP headers together
+# grow with wall time, ~0.24 MB/s per worker (the median over codecs and runs of 2026-12-06;
+# 0.15-0.32 MB/s; at Horovod's default 1 ms cycle 0.06-0.43 MB/s). An estimate, not a count.
+UNCOUNTED_BYTES_PER_S = 240e3
 
 
 def ring_allreduce_bytes(nbytes: int, p: int) -> float:
