@@ -4,12 +4,16 @@ codecs, fitted into an :class:`hvdp.reduce.auto.CostTable` that is the same on e
 What it runs (the adapter passes its collectives, array ops and a reducer factory in, so the
 probe times exactly the paths training will take):
 
-- links: Horovod allreduce of float32 and of float16, alltoall and allgather of bytes, each at
-  two sizes (a small one for the fixed cost, one near the largest bucket for the per-byte cost,
-  capped at ``MAX_PROBE_BYTES``), under the optimizer's own process set and names. All are
-  first submitted together, untimed (Horovod negotiates each new name once, in one round; the
-  timed runs then take the cached path, as training steps do), then run one at a time in
-  ``reps`` interleaved rounds, keeping each one's fastest;
+- links: Horovod allreduce of float32 and of float16, alltoall and allgather of bytes, under the
+  optimizer's own process set and names, first at two sizes: a small one for the fixed cost and
+  one of at most ``MID_PROBE_BYTES`` for the per-byte cost. Only where that second run was cheap
+  (under ``CHEAP_S`` on every rank: a fast link, whose per-byte cost a larger size shows better)
+  a third size near the largest bucket (capped at ``MAX_PROBE_BYTES``) follows; on a slow link
+  the second size shows the per-byte cost already, and a bucket-sized run would cost seconds
+  (3.5 MB at 100 Mbit/s: 0.5 s a run). Each stage's runs are first submitted together, untimed
+  (Horovod negotiates each new name once, in one round; the timed runs then take the cached
+  path, as training steps do), then run one at a time in ``reps`` interleaved rounds, keeping
+  each one's fastest;
 - codecs: each candidate's whole per-rank work on one bucket (encode with the residual, the
   owner's decode-sum and re-encode, the final decode) by the real reducer on a loop-back comm
   (no wire), at two bucket sizes; fp16's casts likewise;
@@ -26,13 +30,15 @@ from __future__ import annotations
 
 import struct
 import time
-from typing import Callable, Dict, List, Sequence, Tuple
+from typing import Callable, Dict, List, NamedTuple, Sequence, Tuple
 
 from .auto import CostTable, Line
 from .collectives import AVERAGE
 from .twophase import chunk_length
 
 MAX_PROBE_BYTES = 8 * 2**20       # larger buckets: the per-byte cost is extrapolated
+MID_PROBE_BYTES = 2**20           # the second size of every link
+CHEAP_S = 0.025                   # a second size faster than this: the bucket-sized run too
 MAX_PROBE_ELEMENTS = 2**20        # codec work: per-element cost beyond is extrapolated
 SMALL_BYTES = 4096
 
@@ -93,11 +99,15 @@ def measure(comm, ops, like, bucket_elements: Sequence[int], candidates: Sequenc
     """
     t_start = clock()
     nmax = max(list(bucket_elements) + [1])
-    entries, submits = _link_runs(comm, ops, like, nmax, candidates)
-    # untimed, all at once (one negotiation round for every new name), then one by one
-    for h in [s() for s in submits]:
-        comm.wait(h)
-    times = _fastest([lambda s=s: (comm.wait(s()), sync()) for s in submits], reps, clock)
+    links = _link_runs(comm, ops, like, nmax, candidates)
+    first = [r for r in links if r.stage == 0]
+    times = _time_links(comm, [r.submit for r in first], reps, clock, sync)
+    # the bucket-sized runs where the second size was cheap; decided from the agreed times (the
+    # fastest rank's), so every rank runs the same collectives
+    slow = {r.key for r, t in zip(first, _agreed(times, gather, "hvdp.probe.mid")) if r.role == "mid" and t >= CHEAP_S}
+    later = [r for r in links if r.stage == 1 and r.key not in slow]
+    times += _time_links(comm, [r.submit for r in later], reps, clock, sync)
+    entries = [("link", r.key, r.x) for r in first + later]
     # codecs, alone on this rank
     runs = _codec_runs(LoopbackComm(comm.size, comm.rank, ops), ops, like, nmax, candidates, make_reducer,
                        entries, sync)
@@ -107,29 +117,55 @@ def measure(comm, ops, like, bucket_elements: Sequence[int], candidates: Sequenc
     return _agreed_table(comm.size, entries, times, clock() - t_start, gather)
 
 
-def _link_runs(comm, ops, like, nmax: int, candidates) -> Tuple[List[Tuple[str, str, float]], List[Callable]]:
-    """The collectives to time: (kind, key, x) entries, in the same order on every rank, and
-    their submits."""
-    p = comm.size
-    entries: List[Tuple[str, str, float]] = []
-    submits: List[Callable[[], object]] = []
+class _LinkRun(NamedTuple):
+    key: str                          # "allreduce.float32", ...
+    x: float                          # bytes, as the table's line counts them
+    role: str                         # "small", "mid" or "big"
+    stage: int                        # 0: always; 1: only where the mid size was cheap
+    submit: Callable[[], object]
 
-    def link(key: str, x: float, submit: Callable[[], object]) -> None:
-        entries.append(("link", key, x))
-        submits.append(submit)
+
+def _sizes(big: int, mid_cap: int, small: int, unit: int) -> List[Tuple[str, int]]:
+    """(role, size), multiples of ``unit``: small, mid (at most ~``mid_cap``), and big where it
+    is larger than mid."""
+    lo, hi = _two_sizes(big, small, unit)
+    _, mid = _two_sizes(min(hi, mid_cap), small, unit)
+    return [("small", lo), ("mid", mid)] + ([("big", hi)] if hi > mid else [])
+
+
+def _link_runs(comm, ops, like, nmax: int, candidates) -> List[_LinkRun]:
+    """The collectives to time, in the same order on every rank."""
+    p = comm.size
+    runs: List[_LinkRun] = []
+
+    def link(key: str, x: float, role: str, submit: Callable[[], object]) -> None:
+        runs.append(_LinkRun(key, x, role, int(role == "big"), submit))
 
     for dtype, item in (("float32", 4), ("float16", 2)):
-        for nb in _two_sizes(min(item * nmax, MAX_PROBE_BYTES), SMALL_BYTES, 4 * p):
+        for role, nb in _sizes(min(item * nmax, MAX_PROBE_BYTES), MID_PROBE_BYTES, SMALL_BYTES, 4 * p):
             buf = ops.zeros(nb // item, dtype, like=like)
-            link(f"allreduce.{dtype}", nb, lambda b=buf, n=f"hvdp.probe.ar.{dtype}.{nb}":
+            link(f"allreduce.{dtype}", nb, role, lambda b=buf, n=f"hvdp.probe.ar.{dtype}.{nb}":
                  comm.allreduce_async(b, n, AVERAGE, 1.0, 1.0))
     two_phase = [c for c in candidates if not c.summable]
     payload = max([c.payload_nbytes(chunk_length(nmax, p, c.align)) for c in two_phase] + [4 * nmax // p])
-    for nb in _two_sizes(min(payload, MAX_PROBE_BYTES // p), SMALL_BYTES // p, 8):
+    for role, nb in _sizes(min(payload, MAX_PROBE_BYTES // p), MID_PROBE_BYTES // p, SMALL_BYTES // p, 8):
         send, own = ops.zeros(p * nb, "uint8", like=like), ops.zeros(nb, "uint8", like=like)
-        link("alltoall", p * nb, lambda b=send, n=f"hvdp.probe.a2a.{nb}": comm.alltoall_async(b, n))
-        link("allgather", nb, lambda b=own, n=f"hvdp.probe.ag.{nb}": comm.allgather_async(b, n))
-    return entries, submits
+        link("alltoall", p * nb, role, lambda b=send, n=f"hvdp.probe.a2a.{nb}": comm.alltoall_async(b, n))
+        link("allgather", nb, role, lambda b=own, n=f"hvdp.probe.ag.{nb}": comm.allgather_async(b, n))
+    return runs
+
+
+def _time_links(comm, submits: Sequence[Callable], reps: int, clock, sync) -> List[float]:
+    """Untimed, all at once (one negotiation round for every new name), then one by one."""
+    for h in [s() for s in submits]:
+        comm.wait(h)
+    return _fastest([lambda s=s: (comm.wait(s()), sync()) for s in submits], reps, clock)
+
+
+def _agreed(times: Sequence[float], gather, name: str) -> List[float]:
+    """Every rank's times allgathered, the fastest kept per entry: the same list on every rank."""
+    rows = [struct.unpack(f"<{len(times)}d", b) for b in gather(struct.pack(f"<{len(times)}d", *times), name)]
+    return [min(r[i] for r in rows) for i in range(len(times))]
 
 
 def _codec_runs(loop, ops, like, nmax: int, candidates, make_reducer, entries, sync) -> List[Callable]:

@@ -185,6 +185,45 @@ def test_probe_plumbing_and_how_ranks_combine():
     assert t.probe_s > 0
 
 
+class _PacedLoopback(LoopbackComm):
+    """A loop-back comm on a fake clock: each collective takes 1 ms + per_byte x its buffer."""
+
+    def __init__(self, per_byte):
+        super().__init__(2, 0, OPS)
+        self.now, self.per_byte, self.sizes = 0.0, per_byte, []
+
+    def _pace(self, buf):
+        self.sizes.append(buf.nbytes)
+        self.now += 1e-3 + self.per_byte * buf.nbytes
+
+    def allreduce_async(self, x, name, op, prescale=1.0, postscale=1.0):
+        self._pace(x)
+        return super().allreduce_async(x, name, op, prescale, postscale)
+
+    def alltoall_async(self, buf, name):
+        self._pace(buf)
+        return super().alltoall_async(buf, name)
+
+    def allgather_async(self, buf, name):
+        self._pace(buf)
+        return super().allgather_async(buf, name)
+
+
+@pytest.mark.parametrize("per_byte,bucket_sized", [(1e-7, False), (1e-10, True)])
+def test_probe_runs_bucket_sized_collectives_only_on_a_fast_link(per_byte, bucket_sized):
+    """On a slow link (1 MiB: 0.1 s) the probe stops at its second size, which shows the per-byte
+    cost already; on a fast one it also runs the bucket-sized collectives. Either way the lines
+    are the link's."""
+    comm = _PacedLoopback(per_byte)
+    make = lambda c, cm: TwoPhaseReducer(c, OPS, cm, True)  # noqa: E731
+    t = measure(comm, OPS, None, [2_000_000], (NONE, FP16, INT8), make, lambda data, name: [data, data],
+                clock=lambda: comm.now)
+    assert (max(comm.sizes) > 4 * 2**20) is bucket_sized, max(comm.sizes)
+    assert max(comm.sizes) <= 8 * 2**20
+    for key, ln in t.links.items():
+        assert ln.fixed == pytest.approx(1e-3, rel=1e-6) and ln.slope == pytest.approx(per_byte, rel=1e-6), (key, ln)
+
+
 def _reduce(reducers, grads, name):
     pend = [r.start(name, g) for r, g in zip(reducers, grads)]
     for r, p in zip(reducers, pend):
