@@ -5,12 +5,13 @@ What it runs (the adapter passes its collectives, array ops and a reducer factor
 probe times exactly the paths training will take):
 
 - links: Horovod allreduce of float32 and of float16, alltoall and allgather of bytes, under the
-  optimizer's own process set and names, first at two sizes: a small one for the fixed cost and
-  one of at most ``MID_PROBE_BYTES`` for the per-byte cost. Only where that second run was cheap
-  (under ``CHEAP_S`` on every rank: a fast link, whose per-byte cost a larger size shows better)
-  a third size near the largest bucket (capped at ``MAX_PROBE_BYTES``) follows; on a slow link
-  the second size shows the per-byte cost already, and a bucket-sized run would cost seconds
-  (3.5 MB at 100 Mbit/s: 0.5 s a run). Each stage's runs are first submitted together, untimed
+  optimizer's own process set and names, each at a small size (the fixed cost) and a larger one
+  (the per-byte cost). The float32 allreduce goes first, at the small size and one of at most
+  ``MID_PROBE_BYTES``: where that run took under ``CHEAP_S`` (a fast link, whose per-byte cost
+  a larger size shows better) every link is then timed near the largest bucket (capped at
+  ``MAX_PROBE_BYTES``); on a slower link at the mid size, which shows the per-byte cost already
+  where a bucket-sized run would cost seconds (3.5 MB at 100 Mbit/s: 0.5 s a run). Each stage's
+  runs are first submitted together, untimed
   (Horovod negotiates each new name once, in one round; the timed runs then take the cached
   path, as training steps do), then run one at a time in ``reps`` interleaved rounds, keeping
   each one's fastest;
@@ -100,12 +101,15 @@ def measure(comm, ops, like, bucket_elements: Sequence[int], candidates: Sequenc
     t_start = clock()
     nmax = max(list(bucket_elements) + [1])
     links = _link_runs(comm, ops, like, nmax, candidates)
-    first = [r for r in links if r.stage == 0]
+    # the float32 allreduce at the small and the mid size first: its mid run says whether the
+    # link is fast (decided from the agreed times, the fastest rank's: every rank runs the same
+    # collectives next)
+    first = [r for r in links if r.key == "allreduce.float32" and r.role != "big"]
     times = _time_links(comm, [r.submit for r in first], reps, clock, sync)
-    # the bucket-sized runs where the second size was cheap; decided from the agreed times (the
-    # fastest rank's), so every rank runs the same collectives
-    slow = {r.key for r, t in zip(first, _agreed(times, gather, "hvdp.probe.mid")) if r.role == "mid" and t >= CHEAP_S}
-    later = [r for r in links if r.stage == 1 and r.key not in slow]
+    fast = _agreed(times, gather, "hvdp.probe.mid")[-1] < CHEAP_S
+    largest = {r.key: r.role for r in links}  # "big" where there is one, else "mid"
+    wanted = largest if fast else {k: "mid" for k in largest}
+    later = [r for r in links if r not in first and r.role in ("small", wanted[r.key])]
     times += _time_links(comm, [r.submit for r in later], reps, clock, sync)
     entries = [("link", r.key, r.x) for r in first + later]
     # codecs, alone on this rank
@@ -120,8 +124,7 @@ def measure(comm, ops, like, bucket_elements: Sequence[int], candidates: Sequenc
 class _LinkRun(NamedTuple):
     key: str                          # "allreduce.float32", ...
     x: float                          # bytes, as the table's line counts them
-    role: str                         # "small", "mid" or "big"
-    stage: int                        # 0: always; 1: only where the mid size was cheap
+    role: str                         # "small", "mid" or "big" (in this order per key)
     submit: Callable[[], object]
 
 
@@ -139,7 +142,7 @@ def _link_runs(comm, ops, like, nmax: int, candidates) -> List[_LinkRun]:
     runs: List[_LinkRun] = []
 
     def link(key: str, x: float, role: str, submit: Callable[[], object]) -> None:
-        runs.append(_LinkRun(key, x, role, int(role == "big"), submit))
+        runs.append(_LinkRun(key, x, role, submit))
 
     for dtype, item in (("float32", 4), ("float16", 2)):
         for role, nb in _sizes(min(item * nmax, MAX_PROBE_BYTES), MID_PROBE_BYTES, SMALL_BYTES, 4 * p):
