@@ -13,7 +13,10 @@ before the first collective of every step and :meth:`Chooser.step_done` at the e
    slowest per step kept (one allgather), and the plan of least median step time is kept, an
    earlier one (none, then the proposal) unless a later one beats it by more than the margin.
    This is the guard that auto never loses to none by more than noise: the probe's model
-   ignores overlap and load, the trial does not. The trial steps are training steps (nothing is
+   ignores overlap and load, the trial does not. A plan the model predicts slower than
+   ``TRY_WITHIN`` times the proposal (none on a slow link: 5x at 100 Mbit/s) is not tried: K
+   such steps would cost more than the guard can win back; with only the proposal left there
+   is no trial. The trial steps are training steps (nothing is
    repeated); their cost is at most 2K + 2 steps at a slower choice. The first step of each plan
    is not counted: it pays one-time costs (Horovod negotiating new names, new buffers).
 3. final: the kept choice, until invalidated.
@@ -32,6 +35,7 @@ from typing import Callable, Dict, List, Mapping, Optional
 from .auto import Choice, CostTable, decide
 
 TRIAL_NAME = "hvdp.auto.trial"
+TRY_WITHIN = 2.0   # plans predicted slower than this x the proposal are not tried
 
 
 class Chooser:
@@ -45,7 +49,7 @@ class Chooser:
     """
 
     __slots__ = ("settings", "table", "proposal", "choices", "stale", "phase", "_plans", "_times",
-                 "_last", "_skip", "trial", "probes", "probe_wall_s")
+                 "_last", "_skip", "_untried", "trial", "probes", "probe_wall_s")
 
     def __init__(self, settings):
         # settings
@@ -60,6 +64,7 @@ class Chooser:
         self._times: List[List[float]] = []
         self._last: Optional[float] = None
         self._skip = False                      # the next step is a plan's first: not counted
+        self._untried: Dict[str, float] = {}    # plans not tried: their predicted ms
         # statistics
         self.trial: Optional[dict] = None
         self.probes = 0
@@ -90,6 +95,10 @@ class Chooser:
             trial = (k > 0 and self.settings.costs is None and world > 1
                      and any(c.codec.name != "none" for c in self.proposal.values()))
             self._plans = self._trial_plans() if trial else []
+            if len(self._plans) == 1:  # the others predicted too slow to try
+                self.trial = {"steps": 0, "ms": {}, "kept": "proposal", "untried": self._untried,
+                              "plans": {"proposal": {b: str(c.codec) for b, c in self.proposal.items()}}}
+                self._plans, trial = [], False
             self.phase, self._times = (0 if trial else None), [[] for _ in self._plans]
             self._use(reducer, self._plans[0][1] if trial else self.proposal)
         elif self.phase is not None and len(self._times[self.phase]) >= k:
@@ -112,7 +121,14 @@ class Chooser:
                  ("proposal", {b: c.codec for b, c in self.proposal.items()})]
         if any(runner[b] is not c.codec for b, c in self.proposal.items()):
             plans.append(("runner-up", runner))
-        return plans
+        predicted = {name: self._predicted(plan) for name, plan in plans}
+        bound = TRY_WITHIN * predicted["proposal"]
+        self._untried = {name: 1e3 * t for name, t in predicted.items() if t > bound}
+        return [(name, plan) for name, plan in plans if name not in self._untried]
+
+    def _predicted(self, plan) -> float:
+        """The model's seconds for a plan's buckets."""
+        return sum(self.proposal[b].predicted.get("none" if c == "none" else str(c), 0.0) for b, c in plan.items())
 
     def _propose(self, buckets, world, probe):
         if self.settings.costs is not None:
@@ -145,7 +161,7 @@ class Chooser:
         best = min(med)
         keep = next(i for i in range(m) if med[i] <= best * (1.0 + self.settings.margin))
         self.trial = {"steps": k, "ms": {name: 1e3 * t for (name, _), t in zip(self._plans, med)},
-                      "kept": self._plans[keep][0],
+                      "kept": self._plans[keep][0], "untried": self._untried,
                       "plans": {name: {b: str(c) for b, c in plan.items()} for name, plan in self._plans}}
         self.phase = None
         self._use(reducer, self._plans[keep][1])

@@ -13,6 +13,7 @@ from hvdp.codecs.auto import Auto
 from hvdp.codecs.resolve import resolve
 from hvdp.reduce.mixed import MixedReducer
 from hvdp.ops import NumpyOps
+from hvdp.reduce import chooser
 from hvdp.reduce.probe import LoopbackComm, measure
 from hvdp.reduce.simcomm import FakeGroup
 from hvdp.reduce.twophase import TwoPhaseReducer
@@ -304,7 +305,13 @@ def _drive(settings, step_s, other_rank_s=None, world=2, steps=14, buckets=None)
     return ch, red, probes
 
 
-def test_trial_keeps_a_proposal_that_is_faster():
+@pytest.fixture
+def every_plan(monkeypatch):
+    """The trial's mechanics alone: every plan is tried, however slow the model predicts it."""
+    monkeypatch.setattr(chooser, "TRY_WITHIN", float("inf"))
+
+
+def test_trial_keeps_a_proposal_that_is_faster(every_plan):
     ch, red, probes = _drive(Auto(trial_steps=3), lambda run: 0.1 if run["b0"] == "int8" else 0.2)
     assert len(probes) == 1
     # none from the probe's step on (K=3 timed steps after it), K steps with the proposal (int8),
@@ -316,20 +323,20 @@ def test_trial_keeps_a_proposal_that_is_faster():
     assert [c.codec.name for c in ch.choices.values()] == ["int8", "none"]
 
 
-def test_trial_keeps_the_runner_up_when_the_steps_say_so():
+def test_trial_keeps_the_runner_up_when_the_steps_say_so(every_plan):
     times = {"none": 0.2, "int8": 0.15, "fp16": 0.1}
     ch, red, _ = _drive(Auto(trial_steps=2), lambda run: times[run["b0"]])
     assert ch.trial["kept"] == "runner-up" and red.runs[-1] == {"b0": "fp16", "b1": "none"}
 
 
-def test_trial_returns_to_none_when_the_proposal_is_slower_or_within_the_margin():
+def test_trial_returns_to_none_when_the_proposal_is_slower_or_within_the_margin(every_plan):
     ch, red, _ = _drive(Auto(trial_steps=3), lambda run: 0.3 if run["b0"] == "int8" else 0.2)
     assert ch.trial["kept"] == "none" and red.runs[-1] == {"b0": "none", "b1": "none"}
     ch, red, _ = _drive(Auto(trial_steps=3, margin=0.05), lambda run: 0.196 if run["b0"] != "none" else 0.2)
     assert ch.trial["kept"] == "none"  # 2% faster: not worth compressing
 
 
-def test_trial_takes_the_slowest_rank():
+def test_trial_takes_the_slowest_rank(every_plan):
     # this rank is faster with int8, but the other rank's steps take 3x as long under int8 only
     ch = Chooser(Auto(trial_steps=2))
     red = _Recorder()
@@ -346,6 +353,22 @@ def test_trial_takes_the_slowest_rank():
     assert ch.trial["kept"] == "none" and ch.trial["ms"]["proposal"] == pytest.approx(300)
 
 
+def test_plans_predicted_far_slower_than_the_proposal_are_not_tried():
+    """At 1 Gbit/s the model predicts none at 3x int8 (129 against 43 ms): the trial runs the
+    proposal and the runner-up (fp16, 1.6x) only; where the runner-up is also predicted over
+    2x, there is no trial at all."""
+    ch, red, _ = _drive(Auto(trial_steps=2), lambda run: 0.1 if run["b0"] == "int8" else 0.2, steps=8)
+    assert [r["b0"] for r in red.runs] == ["int8", "fp16", "int8"], red.runs
+    assert ch.settled and ch.trial["kept"] == "proposal" and set(ch.trial["ms"]) == {"proposal", "runner-up"}
+    assert set(ch.trial["untried"]) == {"none"} and ch.trial["untried"]["none"] == pytest.approx(129, rel=0.01)
+    slow_casts = table(gbit=1.0, fp16_ns=30.0, bf16_ns=30.0)
+    ch = Chooser(Auto(trial_steps=2))
+    red = _Recorder()
+    ch.ensure({"b0": 4_000_000}, red, 2, lambda s: slow_casts, lambda d, n: [d, d])
+    assert ch.settled and red.runs == [{"b0": "int8"}], red.runs
+    assert ch.trial["steps"] == 0 and set(ch.trial["untried"]) == {"none", "runner-up"}, ch.trial
+
+
 def test_no_trial_without_compression_or_when_told():
     ch, red, probes = _drive(Auto(), lambda run: 0.1, buckets={"b0": 300})  # proposal: none
     assert ch.settled and ch.trial is None and all(r == {"b0": "none"} for r in red.runs) and len(probes) == 1
@@ -357,7 +380,7 @@ def test_no_trial_without_compression_or_when_told():
     assert probes == [] and red.runs == [{"b0": "none", "b1": "none"}]
 
 
-def test_invalidate_probes_and_tries_again():
+def test_invalidate_probes_and_tries_again(every_plan):
     ch, red, probes = _drive(Auto(trial_steps=1), lambda run: 0.1 if run["b0"] == "int8" else 0.2, steps=8)
     assert ch.settled and len(probes) == 1
     ch.invalidate()
