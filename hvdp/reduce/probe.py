@@ -11,10 +11,9 @@ probe times exactly the paths training will take):
   a larger size shows better) every link is then timed near the largest bucket (capped at
   ``MAX_PROBE_BYTES``); on a slower link at the mid size, which shows the per-byte cost already
   where a bucket-sized run would cost seconds (3.5 MB at 100 Mbit/s: 0.5 s a run). Each stage's
-  runs are first submitted together, untimed
-  (Horovod negotiates each new name once, in one round; the timed runs then take the cached
-  path, as training steps do), then run one at a time in ``reps`` interleaved rounds, keeping
-  each one's fastest;
+  runs are first submitted together, untimed (Horovod negotiates each new name once, in one
+  round; the timed runs then take the cached path, as training steps do), then run one at a
+  time in ``reps`` interleaved rounds, keeping each one's fastest;
 - codecs: each candidate's whole per-rank work on one bucket (encode with the residual, the
   owner's decode-sum and re-encode, the final decode) by the real reducer on a loop-back comm
   (no wire), at two bucket sizes; fp16's casts likewise;
@@ -38,8 +37,8 @@ from .collectives import AVERAGE
 from .twophase import chunk_length
 
 MAX_PROBE_BYTES = 8 * 2**20       # larger buckets: the per-byte cost is extrapolated
-MID_PROBE_BYTES = 2**20           # the second size of every link
-CHEAP_S = 0.025                   # a second size faster than this: the bucket-sized run too
+MID_PROBE_BYTES = 2**20           # the second size (a slow link's largest)
+CHEAP_S = 0.025                   # float32's second size faster: a fast link, bucket-sized runs
 MAX_PROBE_ELEMENTS = 2**20        # codec work: per-element cost beyond is extrapolated
 SMALL_BYTES = 4096
 
@@ -165,9 +164,14 @@ def _time_links(comm, submits: Sequence[Callable], reps: int, clock, sync) -> Li
     return _fastest([lambda s=s: (comm.wait(s()), sync()) for s in submits], reps, clock)
 
 
+def _rows(values: Sequence[float], gather, name: str) -> List[Tuple[float, ...]]:
+    """Every rank's ``values``, allgathered."""
+    return [struct.unpack(f"<{len(values)}d", b) for b in gather(struct.pack(f"<{len(values)}d", *values), name)]
+
+
 def _agreed(times: Sequence[float], gather, name: str) -> List[float]:
-    """Every rank's times allgathered, the fastest kept per entry: the same list on every rank."""
-    rows = [struct.unpack(f"<{len(times)}d", b) for b in gather(struct.pack(f"<{len(times)}d", *times), name)]
+    """The fastest rank's time per entry: the same list on every rank."""
+    rows = _rows(times, gather, name)
     return [min(r[i] for r in rows) for i in range(len(times))]
 
 
@@ -191,8 +195,7 @@ def _codec_runs(loop, ops, like, nmax: int, candidates, make_reducer, entries, s
 
 def _agreed_table(p: int, entries, times: List[float], wall: float, gather) -> CostTable:
     """The same table everywhere (see the module's docstring for min / max)."""
-    mine = struct.pack(f"<{len(times) + 1}d", *times, wall)
-    rows = [struct.unpack(f"<{len(times) + 1}d", b) for b in gather(mine, "hvdp.probe.table")]
+    rows = _rows(list(times) + [wall], gather, "hvdp.probe.table")
     agreed = [min(r[i] for r in rows) for i in range(len(times))] + [max(r[-1] for r in rows)]
     points: Dict[Tuple[str, str], List[Tuple[float, float]]] = {}
     for (kind, key, x), t in zip(entries, agreed):
