@@ -153,8 +153,8 @@ def main():
     with slowlink.link("none", isolate=True) as (prefix, _):
         for _ in range(a.runs):
             runs.append(slowlink.run_job(prefix, "wire_bytes.py", args, timeout=600))
-    res = dict(runs[-1], runs=runs, wall_s=time.time() - t0, cycle=slowlink.horovod_cycle(),
-               date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
+    res = dict({k: runs[0][k] for k in ("world", "params", "steps")}, runs=runs, wall_s=time.time() - t0,
+               cycle=slowlink.horovod_cycle(), date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
     with open(a.json_out, "w") as f:
         json.dump(res, f, indent=1)
     md = os.path.splitext(a.json_out)[0] + ".md"

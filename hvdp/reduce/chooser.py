@@ -30,7 +30,7 @@ from __future__ import annotations
 import statistics
 import struct
 import time
-from typing import Callable, Dict, List, Mapping, Optional
+from typing import Callable, Dict, List, Mapping, Optional, Tuple
 
 from .auto import Choice, CostTable, decide
 
@@ -94,10 +94,9 @@ class Chooser:
             self._propose(buckets, world, probe)
             trial = (k > 0 and self.settings.costs is None and world > 1
                      and any(c.codec.name != "none" for c in self.proposal.values()))
-            self._plans = self._trial_plans() if trial else []
+            self._plans, self._untried = self._trial_plans() if trial else ([], {})
             if len(self._plans) == 1:  # the others predicted too slow to try
-                self.trial = {"steps": 0, "ms": {}, "kept": "proposal", "untried": self._untried,
-                              "plans": {"proposal": {b: str(c.codec) for b, c in self.proposal.items()}}}
+                self.trial = self._figures(0, {}, "proposal")
                 self._plans, trial = [], False
             self.phase, self._times = (0 if trial else None), [[] for _ in self._plans]
             self._use(reducer, self._plans[0][1] if trial else self.proposal)
@@ -109,8 +108,9 @@ class Chooser:
             else:
                 self._verdict(reducer, gather)
 
-    def _trial_plans(self) -> List[tuple]:
-        """none everywhere, the proposal, and the runner-up when it differs from both."""
+    def _trial_plans(self) -> Tuple[List[tuple], Dict[str, float]]:
+        """none everywhere, the proposal, and the runner-up when it differs from both; -> (the
+        plans to try, {name: predicted ms} of those predicted too slow to try)."""
         by_name = {str(c): c for c in self.settings.candidates}
         runner = {}
         for b, ch in self.proposal.items():
@@ -123,8 +123,8 @@ class Chooser:
             plans.append(("runner-up", runner))
         predicted = {name: self._predicted(plan) for name, plan in plans}
         bound = TRY_WITHIN * predicted["proposal"]
-        self._untried = {name: 1e3 * t for name, t in predicted.items() if t > bound}
-        return [(name, plan) for name, plan in plans if name not in self._untried]
+        untried = {name: 1e3 * t for name, t in predicted.items() if t > bound}
+        return [(name, plan) for name, plan in plans if name not in untried], untried
 
     def _predicted(self, plan) -> float:
         """The model's seconds for a plan's buckets."""
@@ -160,11 +160,14 @@ class Chooser:
         med = [statistics.median(slowest[i * k:(i + 1) * k]) for i in range(m)]
         best = min(med)
         keep = next(i for i in range(m) if med[i] <= best * (1.0 + self.settings.margin))
-        self.trial = {"steps": k, "ms": {name: 1e3 * t for (name, _), t in zip(self._plans, med)},
-                      "kept": self._plans[keep][0], "untried": self._untried,
-                      "plans": {name: {b: str(c) for b, c in plan.items()} for name, plan in self._plans}}
+        self.trial = self._figures(k, {name: 1e3 * t for (name, _), t in zip(self._plans, med)}, self._plans[keep][0])
         self.phase = None
         self._use(reducer, self._plans[keep][1])
+
+    def _figures(self, steps: int, ms: Dict[str, float], kept: str) -> dict:
+        """What ``summary()["trial"]`` shows of a trial (steps 0: only the proposal was left)."""
+        return {"steps": steps, "ms": ms, "kept": kept, "untried": self._untried,
+                "plans": {name: {b: str(c) for b, c in plan.items()} for name, plan in self._plans}}
 
     def summary(self) -> dict:
         """The decision per bucket and the measured figures behind it."""
