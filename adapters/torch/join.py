@@ -7,6 +7,7 @@ import gc
 import horovod.torch as _hvd
 import torch
 
+from hvdp.cluster.flight import RECORDER as FLIGHT
 from hvdp.reduce.join import CONTROL_NAME, JoinRefused, Registry, someone_joined
 
 from .comm import synchronize
@@ -31,7 +32,7 @@ class StepControl:
         self.reset()                             # all its zeros on one device (its join's)
 
     def reset(self):
-        self._flag, self._handle, self._joined = None, None, None
+        self._flag, self._handle, self._rec, self._joined = None, None, None, None
 
     @property
     def begun(self) -> bool:
@@ -42,9 +43,16 @@ class StepControl:
         if self._handle is None and self._joined is None and self._comm.size > 1:
             self._flag = torch.ones(1, device=self.device)
             # scoped per optimizer: two optimizers' controls may be in flight together
-            self._handle = _hvd.allreduce_async_(self._flag, name=self._comm.scope + CONTROL_NAME,
-                                                 op=_hvd.Sum,
-                                                 process_set=self._comm.process_set)
+            name = self._comm.scope + CONTROL_NAME
+            self._handle, self._rec = FLIGHT.submitted(
+                lambda: _hvd.allreduce_async_(self._flag, name=name, op=_hvd.Sum,
+                                              process_set=self._comm.process_set),
+                name, "none", "allreduce (join control)", 4)
+
+    def _wait(self):
+        """The control's sum (its flight record ends here: done, or failed where the wait raised)."""
+        handle, rec, self._handle, self._rec = self._handle, self._rec, None, None
+        FLIGHT.waited(rec, lambda: synchronize(handle, self._comm.scope + CONTROL_NAME))
 
     def joined(self) -> bool:
         return self.active() < self._comm.size
@@ -56,15 +64,14 @@ class StepControl:
                 self._joined, self._active = False, self._comm.size
             else:
                 self.begin()
-                synchronize(self._handle, self._comm.scope + CONTROL_NAME)
-                self._handle = None
+                self._wait()
                 self._joined = someone_joined(self._flag.item(), self._comm.size)
                 self._active = int(round(self._flag.item()))
         return self._active
 
     def end_step(self):
         if self._handle is not None:  # every active rank submitted it: wait for it here
-            synchronize(self._handle, self._comm.scope + CONTROL_NAME)
+            self._wait()
         self.reset()
 
 

@@ -16,6 +16,7 @@ from hvdp.codecs.auto import Auto
 from hvdp.config import overlap
 from hvdp.outer import HIERARCHICAL_REFUSAL, OuterLoop, OuterSettings
 from hvdp.outer.loop import split, stats
+from hvdp.reduce.collectives import AVERAGE, SUM
 from hvdp.reduce.engine import Engine
 from hvdp.reduce.settings import ReduceSettings, is_low_rank
 
@@ -114,11 +115,11 @@ class _OuterOptimizer(torch.optim.Optimizer):
     @torch.no_grad()
     def _average_gradients(self):
         """A synchronous warm-up step: every gradient averaged over the ranks (float32, no codec)."""
-        held = [(i, p.grad) for i, p in enumerate(self._params) if p.grad is not None]
-        handles = [_hvd.allreduce_async_(g, name=f"hvdp.outer.warmup.{i}", op=_hvd.Average,
-                                         process_set=self._process_set) for i, g in held]
+        comm = self.engines[0].comm  # recorded in the flight record, waits under the watchdog
+        handles = [comm.allreduce_async(p.grad, f"hvdp.warmup.{i}", AVERAGE)
+                   for i, p in enumerate(self._params) if p.grad is not None]
         for h in handles:
-            _hvd.synchronize(h)
+            comm.wait(h)
 
     def _fragment_of(self, i):
         return next(f for f, idx in enumerate(self._fragments) if i in idx)
@@ -127,11 +128,12 @@ class _OuterOptimizer(torch.optim.Optimizer):
     def _average_buffers(self):
         """Batch-norm statistics and other float buffers: averaged with the first fragment (over
         the ranks that took part in its sync)."""
-        handles = [_hvd.allreduce_async(b, name=f"hvdp.outer.buf.{k}", op=_hvd.Sum,
-                                        process_set=self._process_set) for k, b in self._buffers]
+        comm = self.engines[0].comm
+        sums = [b.clone() for _, b in self._buffers]  # summed in place
+        handles = [comm.allreduce_async(t, f"hvdp.buf.{k}", SUM) for (k, _), t in zip(self._buffers, sums)]
         n = self.outer.took_part[0]
         for (_, b), h in zip(self._buffers, handles):
-            b.copy_(_hvd.synchronize(h) / n)
+            b.copy_(comm.wait(h) / n)
 
     def join_refusal(self):
         """Why ``hvd.join()`` cannot be answered now (None: it can): a fragment in flight, whose

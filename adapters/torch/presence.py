@@ -21,7 +21,7 @@ from typing import List, Optional, Sequence
 import horovod.torch as _hvd
 import torch
 
-from hvdp.cluster.flight import FAILED, RECORDER as FLIGHT
+from hvdp.cluster.flight import RECORDER as FLIGHT
 
 from .comm import synchronize
 
@@ -47,9 +47,10 @@ class Presence:
         if self._comm.size > 1 and len(present):
             # '#' is in no parameter name, so no parameter's allreduce has this name
             name = self._comm.scope + "hvdp#present"
-            self._handle = _hvd.allreduce_async_(self._counts, name=name, op=_hvd.Sum,
-                                                 process_set=self._comm.process_set)
-            self._rec = FLIGHT.start(name, "none", "allreduce (presence)", 4 * len(present), step)
+            self._handle, self._rec = FLIGHT.submitted(
+                lambda: _hvd.allreduce_async_(self._counts, name=name, op=_hvd.Sum,
+                                              process_set=self._comm.process_set),
+                name, "none", "allreduce (presence)", 4 * len(present), step)
 
     def finish_if_done(self) -> None:
         """The sum's wait, where Horovod has finished it (never waits; its error, if any, is
@@ -67,12 +68,7 @@ class Presence:
 
     def _finish(self) -> None:
         handle, rec, self._handle, self._rec = self._handle, self._rec, None, None
-        try:
-            synchronize(handle, self._comm.scope + "hvdp#present")
-        except BaseException:
-            FLIGHT.end(rec, FAILED)
-            raise
-        FLIGHT.end(rec)
+        FLIGHT.waited(rec, lambda: synchronize(handle, self._comm.scope + "hvdp#present"))
 
     def finish_previous(self) -> None:
         if self._error is not None:

@@ -20,7 +20,9 @@ for the flight record (``hvdp.cluster.flight``).
 from __future__ import annotations
 
 import functools
+import os
 import random
+import traceback
 from typing import Callable, Iterator, List, Optional, Union
 
 from . import flight as _flight
@@ -118,6 +120,14 @@ class ElasticOrder:
         self.epoch, self.processed, self._last_block = int(state["epoch"]), int(state["processed"]), 0
 
 
+def raised_at(e: BaseException, frames: int = 3) -> str:
+    """Where ``e`` was raised: its traceback's innermost ``frames`` frames, innermost first, each
+    called from the next (``file:line in function``; the file's last two path parts)."""
+    tb = traceback.extract_tb(e.__traceback__)[-frames:]
+    return " <- ".join(f"{os.sep.join(f.filename.split(os.sep)[-2:])}:{f.lineno} in {f.name}"
+                       for f in reversed(tb)) or "where no traceback says"
+
+
 def recorded_attempts(func: Callable) -> Callable:
     """``func`` as an elastic ``run`` calls it, once per attempt (after the reset and the state's
     sync, on every rank): each attempt starts a new world in the flight record
@@ -138,6 +148,7 @@ def recorded_attempts(func: Callable) -> Callable:
             return func(state, *args, **kwargs)
         except BaseException as e:  # a failed collective (the state rolls back): dumped, whatever
             if type(e).__name__ != "HostsUpdatedInterrupt":  # raised it (not a host added)
-                _flight.RECORDER.dump(f"elastic attempt ended: {type(e).__name__}: {str(e)[:300]}")
+                _flight.RECORDER.dump(f"elastic attempt ended: {type(e).__name__}: {str(e)[:300]} "
+                                      f"(raised {raised_at(e)})")
             raise
     return attempt

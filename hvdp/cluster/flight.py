@@ -40,7 +40,7 @@ import threading
 import time
 from collections import deque
 from contextlib import contextmanager
-from typing import Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from ..config import flight_dir, flight_records
 from .flight_signals import SignalDumps
@@ -129,6 +129,29 @@ class FlightRecorder(SignalDumps):
         rec[STATE] = state
         if state == DONE:
             self.finished[rec[NAME]] = self.finished.get(rec[NAME], 0) + 1
+
+    def submitted(self, submit: Callable[[], Any], name: str, codec: str, phase: str, nbytes: int,
+                  step: int = -1) -> Tuple[Any, Optional[list]]:
+        """``submit()``, a collective's asynchronous submit, recorded: -> (what it returned, its
+        record for :meth:`end`); one that raised (Horovod already shut down) is recorded as
+        ``REFUSED`` and raises on."""
+        try:
+            out = submit()
+        except BaseException:
+            self.end(self.start(name, codec, phase, nbytes, step), REFUSED)
+            raise
+        return out, self.start(name, codec, phase, nbytes, step)
+
+    def waited(self, rec: Optional[list], wait: Callable[[], Any]) -> Any:
+        """``wait()``, the wait of the collective of ``rec``: -> what it returned; ``rec`` ends
+        done, or failed where the wait raised."""
+        try:
+            out = wait()
+        except BaseException:
+            self.end(rec, FAILED)
+            raise
+        self.end(rec)
+        return out
 
     @contextmanager
     def around(self, name: str, phase: str, nbytes: int = -1) -> Iterator[None]:

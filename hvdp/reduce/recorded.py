@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, List, Optional
 
-from ..cluster.flight import FAILED, RECORDER, REFUSED, FlightRecorder
+from ..cluster.flight import RECORDER, REFUSED, FlightRecorder
 
 ITEMSIZE = {"float64": 8, "int64": 8, "float32": 4, "int32": 4, "float16": 2, "bfloat16": 2,
             "int16": 2, "uint8": 1, "int8": 1, "bool": 1}
@@ -49,13 +49,7 @@ class _Recording:
             return -1
 
     def _end(self, flying: Flying, wait: Callable[[Any], Any]):
-        try:
-            out = wait(flying.inner)
-        except BaseException:
-            self._rec.end(flying.rec, FAILED)
-            raise
-        self._rec.end(flying.rec)
-        return out
+        return self._rec.waited(flying.rec, lambda: wait(flying.inner))
 
     def _refused(self, name: str, phase: str, nbytes: int) -> None:
         """A submit that raised: this rank got there; the collective never started."""
@@ -84,35 +78,22 @@ class Recorded(_Recording):
     def rank(self) -> int:
         return self.inner.rank
 
-    def _started(self, handle, phase: str, name: str, x):
+    def _submit(self, submit: Callable[[], Any], phase: str, name: str, x):
         if self._tracing():
-            return handle
-        rec = self._rec.start(self._scope + name, self._codec(), phase, self._nbytes(x), self._step())
-        return handle if rec is None else Flying(handle, rec)
+            return submit()
+        h, rec = self._rec.submitted(submit, self._scope + name, self._codec(), phase, self._nbytes(x),
+                                     self._step())
+        return h if rec is None else Flying(h, rec)
 
     def allreduce_async(self, x, name, op, prescale=1.0, postscale=1.0):
-        try:
-            h = self.inner.allreduce_async(x, name, op, prescale, postscale)
-        except BaseException:
-            self._refused(self._scope + name, "allreduce", self._nbytes(x))
-            raise
-        return self._started(h, "allreduce", name, x)
+        return self._submit(lambda: self.inner.allreduce_async(x, name, op, prescale, postscale),
+                            "allreduce", name, x)
 
     def alltoall_async(self, buf, name):
-        try:
-            h = self.inner.alltoall_async(buf, name)
-        except BaseException:
-            self._refused(self._scope + name, "alltoall", self._nbytes(buf))
-            raise
-        return self._started(h, "alltoall", name, buf)
+        return self._submit(lambda: self.inner.alltoall_async(buf, name), "alltoall", name, buf)
 
     def allgather_async(self, buf, name):
-        try:
-            h = self.inner.allgather_async(buf, name)
-        except BaseException:
-            self._refused(self._scope + name, "allgather", self._nbytes(buf))
-            raise
-        return self._started(h, "allgather", name, buf)
+        return self._submit(lambda: self.inner.allgather_async(buf, name), "allgather", name, buf)
 
     def wait(self, handle):
         if type(handle) is not Flying:
@@ -164,11 +145,5 @@ def recorded_gather(gather: Callable[[bytes, str], List[bytes]], step: Callable[
         if tracing():
             return gather(data, name)
         rec = rec_of.start(name, "none", "allgather (bytes)", len(data), step())
-        try:
-            out = gather(data, name)
-        except BaseException:
-            rec_of.end(rec, FAILED)
-            raise
-        rec_of.end(rec)
-        return out
+        return rec_of.waited(rec, lambda: gather(data, name))
     return run

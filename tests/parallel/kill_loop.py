@@ -135,11 +135,12 @@ def rank_of(records, tag):
     return max(mine, key=lambda r: r["t"])["rank"] if mine else None
 
 
-def trace_at(flight_dir, t0, size=3):
+def trace_at(flight_dir, t0, size=3, keep=None):
     """What ``python -m hvdp trace`` makes of the dumps written since ``t0`` (the survivors', on the
     failure; the killed worker leaves none) in a world of ``size``: {"name", "nth", "ranks": {state:
     ranks}} of the collective where the ranks parted, or None where it names none (the failure came
-    in one of Horovod's own collectives, which hvdp does not record)."""
+    in one of Horovod's own collectives, which hvdp does not record). ``keep``: a folder to copy
+    those dumps to (a later kill's replace them)."""
     from hvdp.cluster import trace
     with tempfile.TemporaryDirectory() as fresh:
         for path in glob.glob(os.path.join(flight_dir, "rank-*.json")):
@@ -149,6 +150,8 @@ def trace_at(flight_dir, t0, size=3):
                         shutil.copy(path, fresh)
             except (OSError, ValueError):
                 continue
+        if keep:
+            shutil.copytree(fresh, keep, dirs_exist_ok=True)
         dumps, _ = trace.load(fresh)
     div = trace.analyse(dumps, size=size) if dumps else None
     return None if div is None else {"name": div.key[0], "nth": div.key[1], "ranks": div.by_state}
@@ -240,7 +243,8 @@ def run(work, kills, seed=0, compression="int8", script="torch_elastic.py", env_
                 if k is not None and "saw" not in k and last["t"] > k["t"] and last["size"] < 3:
                     # the survivors' first step after the reset; their dumps are fresh
                     k["saw"] = survivors_failed_in(flight_dir, k["t"], last["t"])
-                    k["trace"] = trace_at(flight_dir, k["t"])
+                    k["dumps"] = os.path.join(work, f"dumps-kill-{len(done_kills)}")
+                    k["trace"] = trace_at(flight_dir, k["t"], keep=k["dumps"])
                 if trial_first and not done_kills and not os.listdir(arm_dir):
                     workers = live_workers(log_dir)  # auto's first trial follows the first step's
                     if len(workers) >= 3:  # probe: arm one worker before it (then its steps)

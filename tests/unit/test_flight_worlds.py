@@ -4,6 +4,7 @@ counts anew, so workers that joined at a reset meet the others), blocking calls 
 Python (a traced Keras step's), and the dump of a failed attempt."""
 import json
 import os
+import re
 
 import pytest
 
@@ -103,7 +104,11 @@ def test_an_elastic_attempt_that_fails_dumps_one_that_is_interrupted_does_not(mo
         elastic.recorded_attempts(failed)(object())
     with open(tmp_path / "rank-0.json") as f:
         d = json.load(f)
-    assert "elastic attempt ended: RuntimeError: Horovod has been shut down" in d["reasons"][0]["reason"]
+    reason = d["reasons"][0]["reason"]
+    assert "elastic attempt ended: RuntimeError: Horovod has been shut down" in reason
+    # where it was raised, innermost first: the failing call's line, then its caller's
+    assert re.search(r"\(raised unit/test_flight_worlds\.py:\d+ in failed <- cluster/elastic\.py:\d+ in attempt\)$",
+                     reason), reason
     assert d["started"] == {"hvdp.opt0.a2a.b0": 1} and d["resets"] == 2
 
 

@@ -1,12 +1,18 @@
 """The torch adapter's per-step presence sum in the flight record: its record ends when Horovod has
 finished the sum (found by a poll that never waits), so a rank failing between two steps does not
 make the others' record name a sum long done; a failure found by the poll is raised where the wait
-always was."""
+always was. A submit Horovod refused (it shut down after a rank died) is recorded as refused, for
+the presence sum and for the join control (``StepControl``), the first collectives of a step: a
+rank killed between two steps is then named there (the kill loop's random kills)."""
+import importlib
+
 import pytest
 import torch
 
 from hvdp.torch import presence
 from hvdp.cluster import flight
+
+join = importlib.import_module("hvdp.torch.join")  # the module (hvdp.torch.join is also hvd.join)
 
 
 class FakeHorovod:
@@ -14,9 +20,11 @@ class FakeHorovod:
     Sum = "sum"
 
     def __init__(self):
-        self.submitted, self.done, self.fails, self.waited = [], set(), set(), []
+        self.submitted, self.done, self.fails, self.waited, self.down = [], set(), set(), [], False
 
     def allreduce_async_(self, x, name, op, process_set):
+        if self.down:  # what Horovod's submit raises once it has shut down
+            raise ValueError("Horovod has been shut down")
         self.submitted.append(name)
         return len(self.submitted) - 1
 
@@ -38,6 +46,8 @@ def fake(monkeypatch):
     hvd, rec = FakeHorovod(), flight.FlightRecorder(capacity=16, directory="unused")
     monkeypatch.setattr(presence, "_hvd", hvd)
     monkeypatch.setattr(presence, "FLIGHT", rec)
+    monkeypatch.setattr(join, "_hvd", hvd)
+    monkeypatch.setattr(join, "FLIGHT", rec)
     monkeypatch.setattr("hvdp.torch.comm._hvd", hvd)
     return hvd, rec
 
@@ -104,3 +114,30 @@ def test_a_failed_step_leaves_a_finished_sum_done_and_one_in_flight_started(fake
     p.reset()
     assert states(rec) == [("hvdp.opt0.hvdp#present", 0, flight.DONE),
                            ("hvdp.opt0.hvdp#present", 1, flight.STARTED)]
+
+
+def test_a_sum_horovod_refused_is_recorded_as_refused(fake):
+    hvd, rec = fake
+    hvd.down = True
+    with pytest.raises(ValueError, match="shut down"):
+        presence.Presence(Comm()).submit([True], torch.device("cpu"))
+    assert states(rec) == [("hvdp.opt0.hvdp#present", 0, flight.REFUSED)]
+
+
+def test_the_join_control_is_recorded_done_failed_or_refused(fake):
+    hvd, rec = fake
+    name = "hvdp.opt0.hvdp.join.active"
+    c = join.StepControl(Comm())
+    c.begin()
+    assert states(rec) == [(name, 0, flight.STARTED)]
+    hvd.done.add(0)
+    c.end_step()
+    c.begin()
+    hvd.fails.add(1)
+    with pytest.raises(RuntimeError, match="shut down"):
+        c.active()
+    c.reset()
+    hvd.down = True
+    with pytest.raises(ValueError, match="shut down"):
+        c.begin()
+    assert states(rec) == [(name, 0, flight.DONE), (name, 1, flight.FAILED), (name, 2, flight.REFUSED)]
