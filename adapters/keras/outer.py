@@ -134,9 +134,11 @@ class KerasOuter:
     def _average(self, grads):
         """A synchronous warm-up step: each gradient averaged over the ranks by Horovod's allreduce
         (its dtype, no codec), every one submitted before the first wait."""
+        comm = self.engines[0].comm if self.engines else self.comm  # the engine's: in the flight record
+
         def run(grads):
-            handles = [self.comm.allreduce_async(g, f"hvdp.outer.warmup.{i}", AVERAGE) for i, g in enumerate(grads)]
-            return [self.comm.wait(h) for h in handles]
+            handles = [comm.allreduce_async(g, f"hvdp.outer.warmup.{i}", AVERAGE) for i, g in enumerate(grads)]
+            return [comm.wait(h) for h in handles]
         return B.watch(WATCHDOG, "hvd.OuterOptimizer's warm-up average", grads, run)
 
     def restore(self, state: dict) -> None:
