@@ -235,7 +235,8 @@ def worker(a):
     limit = 2 * sz["T"]
     runs, refused = [], {}
     only = set(a.only.split(";")) if a.only else None  # a sibling stage's subset (powersgd_parity.py)
-    for label, codec in hvdp_methods(sz["powersgd_start"], a.seed):
+    q_seed = a.seed if a.q_seed is None else a.q_seed  # PowerSGD's initial Q (hvdp's and the hook's)
+    for label, codec in hvdp_methods(sz["powersgd_start"], q_seed):
         if only is None or label in only:
             runs.append(hvdp_run(label, codec, limit))
     for label, hook in DDP_HOOKS:
@@ -244,7 +245,7 @@ def worker(a):
         try:
             # PowerSGD in one DDP bucket, as in the convergence study: over DDP's default buckets
             # Gloo aborted it here with a collective mismatch ("op.preamble.length <= op.nbytes")
-            m, _ = wrap(copy.deepcopy(base), hook, a.seed, sz["powersgd_start"],
+            m, _ = wrap(copy.deepcopy(base), hook, q_seed, sz["powersgd_start"],
                         bucket_cap_mb=1024 if hook.startswith("powersgd") else None)
         except (TypeError, RuntimeError) as e:
             refused[label] = str(e)
@@ -469,6 +470,7 @@ def main():
     ap.add_argument("--target", type=float, help=argparse.SUPPRESS)
     ap.add_argument("--json-out", help=argparse.SUPPRESS)
     ap.add_argument("--seed", type=int, default=SEED, help=argparse.SUPPRESS)  # weights, batches, PowerSGD's Q
+    ap.add_argument("--q-seed", type=int, default=None, help=argparse.SUPPRESS)  # PowerSGD's Q alone
     ap.add_argument("--only", help=argparse.SUPPRESS)  # "label;label": only these methods (and compute only)
     a = ap.parse_args()
     if a.worker:
