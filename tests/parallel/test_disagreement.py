@@ -169,12 +169,14 @@ def test_torch_rank_that_exits_early(controller, tmp_path):
     assert "DONE rank=1" in out
     assert 0 in errs and "no other rank reported an error" in errs[0][1], out[-4000:]
     # rank 1 left without an error, so without a dump (as a killed rank does): the trace names
-    # the collective rank 0 waited in and rank 1 as the one with no dump
+    # the collective rank 0 was in and rank 1 as the one with no dump. Rank 0 failed in its wait,
+    # or in a later submit of the backward pass (Horovod down by then: its earlier allreduces stay
+    # in flight, never finished), or its first submit failed (seen in CI and here)
     rc, text, dumps = flight_trace(tmp_path)
     assert set(dumps) == {0} and rc == 1, text
     name, nth = first_unfinished(dumps[0])
     assert name.startswith("hvdp.opt0.") and f"first divergence: {name} #0" in text, text
-    assert re.search(r"(its wait failed|its submit failed\)): rank 0", text), text
+    assert re.search(r"(started, never finished|its wait failed|its submit failed\)): rank 0", text), text
     assert re.search(r"\n  no dump \(killed[^\n]*: rank 1\n", text + "\n"), text
 
 
