@@ -47,7 +47,11 @@ from .flight import RECORDER as FLIGHT
 from .reports import explain, is_consequence, make_report, parse_reports
 from ..config import elastic_mode
 
-LINGER_S = 3.0          # the adapters' default linger of a failed rank (not elastic)
+LINGER_S = 15.0         # the adapters' default linger of a failed rank (not elastic): longer than a
+                        # survivor's own way out when the shutdown does not reach it (its watchdog
+                        # looks after a 1 s wait, then its shutdown gets 10 s: hvdp.cluster.ending);
+                        # with 3 s the launcher once killed such a survivor before it spoke
+STALL_LINGER_S = 3.0    # ... after a stall: the ranks named did not arrive, and rarely say more
 SHUTDOWN_S = 20.0       # a failed rank's own Horovod shutdown not back by then is stuck: the process
                         # ends (seen once under MPI: the job hung until its launcher was killed)
 DONE_SLACK_S = 30       # a "done" mark this much older than the failing rank's report is stale
@@ -91,6 +95,7 @@ class FailureReporter(EndingMarks):
         self._rank: Optional[int] = None
         self._size: Optional[int] = None
         self._reported_at: Optional[float] = None  # when this rank left its own report
+        self._linger_bound = linger_s              # this failure's linger (report's linger_s)
         self._explained_any = False                # this rank explained another's failure
         # set where this process itself shut Horovod down (the stall watchdog): the cause to
         # give for the shut-down this rank then sees, instead of another rank's report
@@ -120,8 +125,10 @@ class FailureReporter(EndingMarks):
             pass
         return self._rank
 
-    def report(self, exc: BaseException, where: str) -> None:
-        """Leave ``exc`` on the board (once per exception); never raises."""
+    def report(self, exc: BaseException, where: str, linger_s: Optional[float] = None) -> None:
+        """Leave ``exc`` on the board (once per exception); never raises. ``linger_s``: this
+        failure's linger, if shorter than the reporter's (the stall watchdog's: the ranks it names
+        did not arrive, and a rank that does not arrive rarely marks "done")."""
         if getattr(exc, "_hvdp_reported", False) or is_consequence(exc):
             return
         try:
@@ -138,6 +145,7 @@ class FailureReporter(EndingMarks):
         except Exception:  # the report is a courtesy: never hide the real error behind it
             return
         self._reported_at = now
+        self._linger_bound = self.linger_s if linger_s is None else min(self.linger_s, linger_s)
         self.mark_done()  # another failing rank need not wait for this one
 
     def mark_done(self) -> None:
@@ -154,7 +162,7 @@ class FailureReporter(EndingMarks):
     def linger(self) -> float:
         """After this rank reported its own failure: shut Horovod down, then wait (at most
         ``linger_s``) until every other rank is done. Returns the seconds waited."""
-        if self._reported_at is None or self.linger_s <= 0 or not self._size or self._size <= 1:
+        if self._reported_at is None or self._linger_bound <= 0 or not self._size or self._size <= 1:
             return 0.0
         board = self.board
         if board is None:
@@ -171,7 +179,7 @@ class FailureReporter(EndingMarks):
             return 0.0
         t0 = time.monotonic()
         waiting = set(range(self._size)) - {self._rank}
-        while waiting and time.monotonic() - t0 < self.linger_s:
+        while waiting and time.monotonic() - t0 < self._linger_bound:
             for r in sorted(waiting):
                 try:
                     mark = board.read_done(r)

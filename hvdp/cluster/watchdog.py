@@ -35,7 +35,7 @@ from contextlib import contextmanager
 from typing import Callable, Dict, Iterator, Optional, Sequence, Tuple
 
 from ..config import stall_timeout_s
-from .failures import settled
+from .failures import STALL_LINGER_S, settled
 from .flight import RECORDER as FLIGHT
 from .reports import SHUTDOWN_TEXT, is_consequence
 from .stall_notes import StallNotes, describe
@@ -254,7 +254,7 @@ class StallWatchdog(StallNotes):
         self.message = describe(rank, w.name, self.timeout_s, size, notes, self._board() is not None)
         FLIGHT.dump(f"stall watchdog: {self.message}")  # before the shutdown changes anything
         try:
-            self._reporter.report(StallError(self.message), "in hvdp's stall watchdog")
+            self._reporter.report(StallError(self.message), "in hvdp's stall watchdog", STALL_LINGER_S)
             self._reporter.cause_here = f"StallError: {self.message}"
         except Exception:
             pass

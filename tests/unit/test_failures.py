@@ -254,3 +254,23 @@ def test_a_board_directory_is_private_and_group_writable_ones_are_refused(tmp_pa
     os.symlink(b.path, link)
     with pytest.raises(Refused, match="symbolic link"):
         DirBoard(str(link)).read()
+
+
+def test_a_failed_rank_lingers_longer_than_a_survivor_needs_to_speak():
+    """A survivor that Horovod's shutdown does not reach finds the failed rank's "ending" mark once
+    a wait is ENDING_AFTER_S old, then gives its own shutdown ENDING_SHUTDOWN_S before it explains
+    and exits. The failed rank must still be there by then: the launcher stops every other rank as
+    soon as it exits (a CI run of 2026-12-06: rank 0 killed with exit 137, no word, 3 s linger)."""
+    from hvdp.cluster import ending, failures, watchdog
+    assert failures.LINGER_S > watchdog.ENDING_AFTER_S + ending.ENDING_SHUTDOWN_S + 2.0
+    assert failures.SHUTDOWN_S > watchdog.ENDING_AFTER_S + ending.ENDING_SHUTDOWN_S
+
+
+def test_a_stall_lingers_only_as_long_as_asked(tmp_path):
+    """The stall watchdog's report lingers STALL_LINGER_S, not the reporter's whole linger: the
+    ranks it names did not arrive and would not mark "done" (a stalled Keras check lingered 15 s)."""
+    board = DirBoard(str(tmp_path / "b"))
+    r = FailureReporter(lambda: 1, board, get_size=lambda: 3, shutdown=lambda: None, linger_s=10.0)
+    r._rank, r._size = 1, 3
+    r.report(RuntimeError("stalled"), "in hvdp's stall watchdog", linger_s=0.3)
+    assert 0.3 <= r.linger() < 3.0
