@@ -16,8 +16,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import join_cost  # noqa: E402  (the join control's per-step cost, Gloo and MPI)
 import links  # noqa: E402  (the three-link stage)
 import peers  # noqa: E402  (hvdp against DDP's hooks on the same links)
-import outer_tta  # noqa: E402  (time to a target loss with outer steps)
-import tta  # noqa: E402  (time to a target loss, GPT, three links)
+import outer_tta_report  # noqa: E402  (time to a target loss with outer steps)
+import tta_report  # noqa: E402  (time to a target loss, GPT, three links)
 import two_level  # noqa: E402  (flat against two-level reduction on two nodes)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -128,9 +128,9 @@ def report(elapsed):
         rows += [(m, v, "—", None) for m, v in join_cost.rows(res)]
     rows += links.rows(load)
     rows += peers.target_rows()
-    rows += tta.target_rows()
+    rows += tta_report.target_rows()
     try:
-        rows += outer_tta.target_rows(load("outer_tta.json"))
+        rows += outer_tta_report.target_rows(load("outer_tta.json"))
     except FileNotFoundError:
         rows.append(("time to target with outer steps", "not run", "—", None))
     for controller, rate in two_level.RUNS:
