@@ -71,6 +71,8 @@ STAGES = [
      lambda: python([os.path.join(HERE, "outer_tta.py")], timeout=5400)),
     ("streaming outer steps: compute utilisation (loopback, 100 Mbit/s, 3 runs)",
      lambda: python([os.path.join(HERE, "outer_streaming.py")], timeout=3600)),
+    ("outer steps after a synchronous warm-up (loopback 3 seeds, 100 Mbit/s)",
+     lambda: python([os.path.join(HERE, "outer_warmup.py")], timeout=3600)),
     ("peak memory of a step (50M params)", lambda: python([os.path.join(HERE, "memory_bench.py"),
                                                             "--json-out", os.path.join(RES, "memory.json")])),
     ("two-level on two nodes (MPI and Gloo, 1 Gbit/s; MPI 100 Mbit/s)",

@@ -1,0 +1,151 @@
+"""Outer steps after synchronous warm-up steps (issue 35): how much of the held-out loss that
+outer steps lose at outer_tta.py's horizon does a warm-up of W synchronous steps win back? A stage
+beside ``outer_tta.py`` (the same GPT, data, horizon T = 320 and worker), on the unthrottled
+loopback only: the losses do not depend on the link.
+
+    python benchmarks/outer_warmup.py [--seeds N] [--report-only]
+    # -> results/outer_warmup.json, outer_warmup.md
+
+Per seed (initial weights and batches), taking turns step by step in the same processes: fp32 DP
+(hvdp none), hvdp's default outer configuration (H = 8, int8, outer Nesterov SGD lr 0.7,
+momentum 0.9) and parameter averaging (H = 8, int8, outer lr 1, no momentum) after W synchronous
+warm-up steps (``warmup_steps=W``: the gradients averaged in float32 before each inner step), and
+DDP's post-local SGD (``start_localSGD_iter=W``) beside them. W is a multiple of 16, so that every
+evaluation (every 16 steps) sees the ranks' common parameters. Target: each seed's fp32 DP loss at
+T x 1.01, as in outer_tta.py. Step times on this link are those of the loopback (noise ±10-25%
+between runs on two cores); the question here is the loss.
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import outer_tta  # noqa: E402
+import slowlink  # noqa: E402
+
+RES = os.path.join(HERE, "results")
+WARMUPS = (0, 32, 96, 160)
+TIMED_W = 96  # the warm-up of the throttled link's outer runs (the loss study's best-but-one, 30% of T)
+
+
+def methods(sz, rate):
+    """(label, kind, spec) of outer_tta's worker, for this stage: on the loopback the loss study,
+    on a throttled link the time to target beside the per-step methods and DDP's."""
+    if rate != "none":
+        return ([("fp32 DP (hvdp none)", "hvdp", "none"), ("hvdp int4", "hvdp", "int4"), ("ddp", "ddp", "none"),
+                 ("ddp+fp16", "ddp", "fp16"), ("ddp+powersgd8", "ddp", "powersgd8")]
+                + [(f"hvdp outer H{H} {c} W{TIMED_W}", "outer", {"H": H, "codec": c, "W": TIMED_W})
+                   for H, c in ((8, "int8"), (8, "int4"), (16, "int8"))]
+                + [(f"ddp post-local SGD H8 W{TIMED_W}", "postlocal", {"H": 8, "W": TIMED_W}),
+                   ("compute only", "compute", None)])
+    out = [("fp32 DP (hvdp none)", "hvdp", "none")]
+    for W in WARMUPS:
+        out.append((f"hvdp outer H8 int8 W{W}", "outer", {"H": 8, "codec": "int8", "W": W}))
+    for W in WARMUPS[:3]:
+        out.append((f"hvdp averaging H8 int8 W{W}", "outer",
+                    {"H": 8, "codec": "int8", "W": W, "lr": 1.0, "momentum": 0.0}))
+    for W in (0, 32):
+        out.append((f"ddp post-local SGD H8 W{W}", "postlocal", {"H": 8, "W": W}))
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--report-only", action="store_true")
+    ap.add_argument("--links", default="100mbit", help="throttled links for the time to target, seed 0 ('': none)")
+    ap.add_argument("--links-only", action="store_true", help="keep the JSON's loss study, run the links again")
+    a = ap.parse_args()
+    stem = os.path.join(RES, "outer_warmup")
+    if a.report_only:
+        with open(stem + ".json") as f:
+            results = json.load(f)
+    else:
+        t0, results = time.time(), {"seeds": []}
+        why = slowlink.unavailable("none", isolate=True)
+        if why:
+            raise SystemExit(f"outer_warmup: {why}")
+        if a.links_only:
+            with open(stem + ".json") as f:
+                results = dict(json.load(f), links={})
+        for seed in range(0 if a.links_only else a.seeds):
+            with slowlink.link("none", isolate=True) as (prefix, _):
+                res = slowlink.run_job(prefix, "outer_tta.py", ["--worker", "--size", "full", "--rate", "none",
+                                                                "--seed", str(seed), "--methods", "outer_warmup"],
+                                       timeout=1800)
+            target = res["methods"]["fp32 DP (hvdp none)"]["evals"][-1][1] * 1.01
+            s = outer_tta.summarise(res, target)
+            results["seeds"].append({"seed": seed, "target": target,
+                                     "ranks_identical_at_T": res["ranks_identical_at_T"],
+                                     "methods": {k: {f: r[f] for f in ("reached_step", "seconds_to_target",
+                                                                       "final_loss", "step_median", "mb_per_step")}
+                                                 for k, r in s["methods"].items()}})
+            print(f"seed {seed}: {time.time() - t0:.0f} s", file=sys.stderr, flush=True)
+        results["links"] = {}
+        for rate in [r for r in a.links.split(",") if r]:
+            why = slowlink.unavailable(rate, isolate=True)
+            if why:
+                results["links"][rate] = {"skipped": why}
+                continue
+            with slowlink.link(rate, isolate=True) as (prefix, gbit):
+                res = slowlink.run_job(prefix, "outer_tta.py", ["--worker", "--size", "full", "--rate", rate,
+                                                                "--seed", "0", "--methods", "outer_warmup"],
+                                       timeout=2400)
+            s = outer_tta.summarise(res, results["seeds"][0]["target"])  # seed 0's loopback target
+            results["links"][rate] = {"measured_gbit_s": gbit, "compute_s": s["compute_s"], "methods": s["methods"]}
+            print(f"{rate}: {time.time() - t0:.0f} s", file=sys.stderr, flush=True)
+        results["minutes"] = (results.get("minutes", 0.0) if a.links_only else 0.0) + (time.time() - t0) / 60
+        results["load"] = os.getloadavg()[0]
+        with open(stem + ".json", "w") as f:
+            json.dump(results, f)
+    md = report(results)
+    with open(stem + ".md", "w") as f:
+        f.write(md)
+    print(md)
+
+
+def report(results):
+    seeds = results["seeds"]
+    fp32 = statistics.mean(s["methods"]["fp32 DP (hvdp none)"]["final_loss"] for s in seeds)
+    same = [sum(s["ranks_identical_at_T"].values()) for s in seeds]
+    lines = [f"Outer steps after W synchronous warm-up steps: outer_tta.py's GPT, 2 workers, T = 320, unthrottled "
+             f"loopback, {len(seeds)} seeds. The run took {results['minutes']:.1f} min; load average "
+             f"{results['load']:.1f} at its end. Ranks identical at T after the last sync: "
+             + ", ".join(f"{n} of {len(s['ranks_identical_at_T'])}" for n, s in zip(same, seeds))
+             + f" (per seed). fp32 DP's held-out loss at T, mean of the seeds: {fp32:.4f}.", "",
+             "| method | held-out loss at T (per seed) | mean / fp32 DP's mean | steps to target (per seed) "
+             "| MB/step/worker (seed 0) |", "|---|---|---|---|---|"]
+    for k in seeds[0]["methods"]:
+        losses = [s["methods"][k]["final_loss"] for s in seeds]
+        steps = [s["methods"][k]["reached_step"] for s in seeds]
+        lines.append(f"| {k} | {', '.join(f'{x:.4f}' for x in losses)} | {statistics.mean(losses) / fp32:.3f} | "
+                     f"{', '.join('—' if x is None else str(x) for x in steps)} | "
+                     f"{seeds[0]['methods'][k]['mb_per_step']:.3f} |")
+    for rate, got in (results.get("links") or {}).items():
+        if "skipped" in got:
+            lines += ["", f"{rate}: skipped ({got['skipped']})"]
+            continue
+        rows = got["methods"]
+        ddp = {k: r["seconds_to_target"] for k, r in rows.items()
+               if r["kind"] in ("ddp", "postlocal") and r["seconds_to_target"]}
+        best_ddp = min(ddp.items(), key=lambda kv: kv[1]) if ddp else None
+        lines += ["", f"**{rate}** (measured {got['measured_gbit_s']:.4f} Gbit/s), seed 0, target seed 0's fp32 DP "
+                  f"loss x 1.01 = {seeds[0]['target']:.4f}: compute only {got['compute_s']:.4f} s/step; best DDP "
+                  "method (post-local SGD included): " + (f"{best_ddp[0]}, {best_ddp[1]:.1f} s" if best_ddp else
+                                                           "none reached the target"), "",
+                  "| method | steps to target | seconds to target | / best DDP | held-out loss at T "
+                  "| step (s, median) | MB/step/worker |", "|---|---|---|---|---|---|---|"]
+        for k, r in rows.items():
+            sec = r["seconds_to_target"]
+            ratio = f"{sec / best_ddp[1]:.3f}" if sec and best_ddp else "—"
+            lines.append(f"| {k} | {r['reached_step'] or '—'} | {f'{sec:.1f}' if sec else 'not reached'} | {ratio} "
+                         f"| {r['final_loss']:.4f} | {r['step_median']:.4f} | {r['mb_per_step']:.3f} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()
