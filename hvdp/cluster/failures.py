@@ -161,7 +161,8 @@ class FailureReporter(EndingMarks):
 
     def linger(self) -> float:
         """After this rank reported its own failure: shut Horovod down, then wait (at most
-        ``linger_s``) until every other rank is done. Returns the seconds waited."""
+        ``linger_s``, or the shorter one its report asked for) until every other rank is done.
+        Returns the seconds waited."""
         if self._reported_at is None or self._linger_bound <= 0 or not self._size or self._size <= 1:
             return 0.0
         board = self.board
