@@ -53,6 +53,43 @@ def methods(sz, rate):
     return out
 
 
+def run_seeds(seeds):
+    """The loss study on the loopback: one job per seed."""
+    out, t0 = [], time.time()
+    for seed in range(seeds):
+        with slowlink.link("none", isolate=True) as (prefix, _):
+            res = slowlink.run_job(prefix, "outer_tta.py", ["--worker", "--size", "full", "--rate", "none",
+                                                            "--seed", str(seed), "--methods", "outer_warmup"],
+                                   timeout=1800)
+        target = res["methods"]["fp32 DP (hvdp none)"]["evals"][-1][1] * 1.01
+        s = outer_tta.summarise(res, target)
+        out.append({"seed": seed, "target": target, "ranks_identical_at_T": res["ranks_identical_at_T"],
+                    "methods": {k: {f: r[f] for f in ("reached_step", "seconds_to_target", "final_loss",
+                                                      "step_median", "mb_per_step")}
+                                for k, r in s["methods"].items()}})
+        print(f"seed {seed}: {time.time() - t0:.0f} s", file=sys.stderr, flush=True)
+    return out
+
+
+def run_links(rates, target):
+    """The time to ``target`` (seed 0's) on each throttled link, seed 0."""
+    out = {}
+    for rate in rates:
+        why = slowlink.unavailable(rate, isolate=True)
+        if why:
+            out[rate] = {"skipped": why}
+            continue
+        t0 = time.time()
+        with slowlink.link(rate, isolate=True) as (prefix, gbit):
+            res = slowlink.run_job(prefix, "outer_tta.py", ["--worker", "--size", "full", "--rate", rate,
+                                                            "--seed", "0", "--methods", "outer_warmup"], timeout=2400)
+        s = outer_tta.summarise(res, target)
+        out[rate] = {"measured_gbit_s": gbit, "compute_s": s["compute_s"], "methods": s["methods"],
+                     "minutes": (time.time() - t0) / 60}
+        print(f"{rate}: {time.time() - t0:.0f} s", file=sys.stderr, flush=True)
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seeds", type=int, default=3)
@@ -61,47 +98,23 @@ def main():
     ap.add_argument("--links-only", action="store_true", help="keep the JSON's loss study, run the links again")
     a = ap.parse_args()
     stem = os.path.join(RES, "outer_warmup")
-    if a.report_only:
-        with open(stem + ".json") as f:
-            results = json.load(f)
-    else:
-        t0, results = time.time(), {"seeds": []}
-        why = slowlink.unavailable("none", isolate=True)
-        if why:
-            raise SystemExit(f"outer_warmup: {why}")
+    why = None if a.report_only else slowlink.unavailable("none", isolate=True)
+    if why:
+        raise SystemExit(f"outer_warmup: {why}")
+
+    def run():
         if a.links_only:
             with open(stem + ".json") as f:
-                results = dict(json.load(f), links={})
-        for seed in range(0 if a.links_only else a.seeds):
-            with slowlink.link("none", isolate=True) as (prefix, _):
-                res = slowlink.run_job(prefix, "outer_tta.py", ["--worker", "--size", "full", "--rate", "none",
-                                                                "--seed", str(seed), "--methods", "outer_warmup"],
-                                       timeout=1800)
-            target = res["methods"]["fp32 DP (hvdp none)"]["evals"][-1][1] * 1.01
-            s = outer_tta.summarise(res, target)
-            results["seeds"].append({"seed": seed, "target": target,
-                                     "ranks_identical_at_T": res["ranks_identical_at_T"],
-                                     "methods": {k: {f: r[f] for f in ("reached_step", "seconds_to_target",
-                                                                       "final_loss", "step_median", "mb_per_step")}
-                                                 for k, r in s["methods"].items()}})
-            print(f"seed {seed}: {time.time() - t0:.0f} s", file=sys.stderr, flush=True)
-        results["links"] = {}
-        for rate in [r for r in a.links.split(",") if r]:
-            why = slowlink.unavailable(rate, isolate=True)
-            if why:
-                results["links"][rate] = {"skipped": why}
-                continue
-            with slowlink.link(rate, isolate=True) as (prefix, gbit):
-                res = slowlink.run_job(prefix, "outer_tta.py", ["--worker", "--size", "full", "--rate", rate,
-                                                                "--seed", "0", "--methods", "outer_warmup"],
-                                       timeout=2400)
-            s = outer_tta.summarise(res, results["seeds"][0]["target"])  # seed 0's loopback target
-            results["links"][rate] = {"measured_gbit_s": gbit, "compute_s": s["compute_s"], "methods": s["methods"]}
-            print(f"{rate}: {time.time() - t0:.0f} s", file=sys.stderr, flush=True)
-        results["minutes"] = (results.get("minutes", 0.0) if a.links_only else 0.0) + (time.time() - t0) / 60
-        results["load"] = os.getloadavg()[0]
-        with open(stem + ".json", "w") as f:
-            json.dump(results, f)
+                old = json.load(f)
+            seeds, study = old["seeds"], old.get("study_minutes", old["minutes"])
+        else:
+            t0 = time.time()
+            seeds = run_seeds(a.seeds)
+            study = (time.time() - t0) / 60
+        links = run_links([r for r in a.links.split(",") if r], seeds[0]["target"])
+        return {"seeds": seeds, "study_minutes": study, "links": links}
+
+    results = slowlink.saved_or_run(stem, a.report_only, run)
     md = report(results)
     with open(stem + ".md", "w") as f:
         f.write(md)
@@ -113,7 +126,8 @@ def report(results):
     fp32 = statistics.mean(s["methods"]["fp32 DP (hvdp none)"]["final_loss"] for s in seeds)
     same = [sum(s["ranks_identical_at_T"].values()) for s in seeds]
     lines = [f"Outer steps after W synchronous warm-up steps: outer_tta.py's GPT, 2 workers, T = 320, unthrottled "
-             f"loopback, {len(seeds)} seeds. The run took {results['minutes']:.1f} min; load average "
+             f"loopback, {len(seeds)} seeds. The loss study took {results.get('study_minutes', float('nan')):.1f} "
+             f"min, the links {sum(r.get('minutes', 0) for r in results['links'].values()):.1f}; load average "
              f"{results['load']:.1f} at its end. Ranks identical at T after the last sync: "
              + ", ".join(f"{n} of {len(s['ranks_identical_at_T'])}" for n, s in zip(same, seeds))
              + f" (per seed). fp32 DP's held-out loss at T, mean of the seeds: {fp32:.4f}.", "",
