@@ -71,23 +71,41 @@ def run_seeds(seeds):
     return out
 
 
-def run_links(rates, target):
-    """The time to ``target`` (seed 0's) on each throttled link, seed 0."""
+def run_links(rates, seeds, n, kept=None):
+    """The time to each seed's target on each throttled link, seeds 0..n-1 (``kept``: runs of an
+    earlier call, by link, whose seeds are not run again)."""
     out = {}
     for rate in rates:
         why = slowlink.unavailable(rate, isolate=True)
         if why:
             out[rate] = {"skipped": why}
             continue
-        t0 = time.time()
-        with slowlink.link(rate, isolate=True) as (prefix, gbit):
-            res = slowlink.run_job(prefix, "outer_tta.py", ["--worker", "--size", "full", "--rate", rate,
-                                                            "--seed", "0", "--methods", "outer_warmup"], timeout=2400)
-        s = outer_tta.summarise(res, target)
-        out[rate] = {"measured_gbit_s": gbit, "compute_s": s["compute_s"], "methods": s["methods"],
-                     "minutes": (time.time() - t0) / 60}
-        print(f"{rate}: {time.time() - t0:.0f} s", file=sys.stderr, flush=True)
+        runs = [r for r in per_seed((kept or {}).get(rate)) if r["seed"] < n]
+        for seed in sorted(set(range(n)) - {r["seed"] for r in runs}):
+            t0 = time.time()
+            with slowlink.link(rate, isolate=True) as (prefix, gbit):
+                res = slowlink.run_job(prefix, "outer_tta.py", ["--worker", "--size", "full", "--rate", rate,
+                                                                "--seed", str(seed), "--methods", "outer_warmup"],
+                                       timeout=2400)
+            s = outer_tta.summarise(res, seeds[seed]["target"])
+            runs.append({"seed": seed, "measured_gbit_s": gbit, "compute_s": s["compute_s"], "methods": s["methods"],
+                         "minutes": (time.time() - t0) / 60})
+            print(f"{rate} seed {seed}: {time.time() - t0:.0f} s", file=sys.stderr, flush=True)
+        out[rate] = sorted(runs, key=lambda r: r["seed"])
     return out
+
+
+def per_seed(got):
+    """A link's runs as a list (the first run of this stage saved seed 0's alone, as a dict)."""
+    if not got or "skipped" in got:
+        return []
+    return got if isinstance(got, list) else [dict(got, seed=0)]
+
+
+def best_ddp(rows):
+    got = {k: r["seconds_to_target"] for k, r in rows.items()
+           if r["kind"] in ("ddp", "postlocal") and r["seconds_to_target"]}
+    return min(got.items(), key=lambda kv: kv[1]) if got else (None, None)
 
 
 def main():
@@ -95,7 +113,9 @@ def main():
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--report-only", action="store_true")
     ap.add_argument("--links", default="100mbit", help="throttled links for the time to target, seed 0 ('': none)")
-    ap.add_argument("--links-only", action="store_true", help="keep the JSON's loss study, run the links again")
+    ap.add_argument("--link-seeds", type=int, default=3, help="seeds on each throttled link (default 3)")
+    ap.add_argument("--links-only", action="store_true",
+                    help="keep the JSON's loss study and the link runs it has; run the missing seeds")
     a = ap.parse_args()
     stem = os.path.join(RES, "outer_warmup")
     why = None if a.report_only else slowlink.unavailable("none", isolate=True)
@@ -103,6 +123,7 @@ def main():
         raise SystemExit(f"outer_warmup: {why}")
 
     def run():
+        old = {}
         if a.links_only:
             with open(stem + ".json") as f:
                 old = json.load(f)
@@ -111,7 +132,8 @@ def main():
             t0 = time.time()
             seeds = run_seeds(a.seeds)
             study = (time.time() - t0) / 60
-        links = run_links([r for r in a.links.split(",") if r], seeds[0]["target"])
+        links = run_links([r for r in a.links.split(",") if r], seeds, min(a.link_seeds, len(seeds)),
+                          old.get("links"))
         return {"seeds": seeds, "study_minutes": study, "links": links}
 
     results = slowlink.saved_or_run(stem, a.report_only, run)
@@ -125,10 +147,11 @@ def report(results):
     seeds = results["seeds"]
     fp32 = statistics.mean(s["methods"]["fp32 DP (hvdp none)"]["final_loss"] for s in seeds)
     same = [sum(s["ranks_identical_at_T"].values()) for s in seeds]
+    link_min = sum(r.get("minutes", 0) for g in results["links"].values() for r in per_seed(g))
     lines = [f"Outer steps after W synchronous warm-up steps: outer_tta.py's GPT, 2 workers, T = 320, unthrottled "
              f"loopback, {len(seeds)} seeds. The loss study took {results.get('study_minutes', float('nan')):.1f} "
-             f"min, the links {sum(r.get('minutes', 0) for r in results['links'].values()):.1f}; load average "
-             f"{results['load']:.1f} at its end. Ranks identical at T after the last sync: "
+             f"min, the links {link_min:.1f}; load average {results['load']:.1f} at its end. Ranks identical at T "
+             "after the last sync: "
              + ", ".join(f"{n} of {len(s['ranks_identical_at_T'])}" for n, s in zip(same, seeds))
              + f" (per seed). fp32 DP's held-out loss at T, mean of the seeds: {fp32:.4f}.", "",
              "| method | held-out loss at T (per seed) | mean / fp32 DP's mean | steps to target (per seed) "
@@ -140,24 +163,31 @@ def report(results):
                      f"{', '.join('—' if x is None else str(x) for x in steps)} | "
                      f"{seeds[0]['methods'][k]['mb_per_step']:.3f} |")
     for rate, got in (results.get("links") or {}).items():
-        if "skipped" in got:
-            lines += ["", f"{rate}: skipped ({got['skipped']})"]
+        runs = per_seed(got)
+        if not runs:
+            lines += ["", f"{rate}: skipped ({(got or {}).get('skipped', 'not run')})"]
             continue
-        rows = got["methods"]
-        ddp = {k: r["seconds_to_target"] for k, r in rows.items()
-               if r["kind"] in ("ddp", "postlocal") and r["seconds_to_target"]}
-        best_ddp = min(ddp.items(), key=lambda kv: kv[1]) if ddp else None
-        lines += ["", f"**{rate}** (measured {got['measured_gbit_s']:.4f} Gbit/s), seed 0, target seed 0's fp32 DP "
-                  f"loss x 1.01 = {seeds[0]['target']:.4f}: compute only {got['compute_s']:.4f} s/step; best DDP "
-                  "method (post-local SGD included): " + (f"{best_ddp[0]}, {best_ddp[1]:.1f} s" if best_ddp else
-                                                           "none reached the target"), "",
-                  "| method | steps to target | seconds to target | / best DDP | held-out loss at T "
+        bests = [best_ddp(r["methods"]) for r in runs]
+        gbit = ", ".join(f"{r['measured_gbit_s']:.4f}" for r in runs)
+        compute = ", ".join(f"{r['compute_s']:.4f}" for r in runs)
+        named = ", ".join(f"{k} {v:.1f} s" if k else "none reached the target" for k, v in bests)
+        lines += ["", f"**{rate}** (measured {gbit} Gbit/s), seeds {', '.join(str(r['seed']) for r in runs)}, each "
+                  f"against its own fp32 DP loss x 1.01 from the loopback; compute only {compute} s/step; best DDP "
+                  f"method (post-local SGD included) per seed: {named}", "",
+                  "| method | steps to target | seconds to target | / best DDP: median (range) | held-out loss at T "
                   "| step (s, median) | MB/step/worker |", "|---|---|---|---|---|---|---|"]
-        for k, r in rows.items():
-            sec = r["seconds_to_target"]
-            ratio = f"{sec / best_ddp[1]:.3f}" if sec and best_ddp else "—"
-            lines.append(f"| {k} | {r['reached_step'] or '—'} | {f'{sec:.1f}' if sec else 'not reached'} | {ratio} "
-                         f"| {r['final_loss']:.4f} | {r['step_median']:.4f} | {r['mb_per_step']:.3f} |")
+        for k in runs[0]["methods"]:
+            rs = [r["methods"][k] for r in runs]
+            secs = [r["seconds_to_target"] for r in rs]
+            ratios = [sec / b for sec, (_, b) in zip(secs, bests) if sec and b]
+            ratio = (f"{statistics.median(ratios):.3f} ({min(ratios):.3f}–{max(ratios):.3f})"
+                     if len(ratios) == len(rs) else "—")
+            steps = ", ".join(str(r["reached_step"] or "—") for r in rs)
+            seconds = ", ".join(f"{x:.1f}" if x else "not reached" for x in secs)
+            finals = ", ".join(f"{r['final_loss']:.4f}" for r in rs)
+            lines.append(f"| {k} | {steps} | {seconds} | {ratio} | {finals} | "
+                         f"{statistics.median(r['step_median'] for r in rs):.4f} | "
+                         f"{statistics.median(r['mb_per_step'] for r in rs):.3f} |")
     return "\n".join(lines) + "\n"
 
 
