@@ -25,6 +25,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import outer_tta  # noqa: E402
+from outer_tta_report import best  # noqa: E402
 import slowlink  # noqa: E402
 
 RES = os.path.join(HERE, "results")
@@ -102,12 +103,6 @@ def per_seed(got):
     return got if isinstance(got, list) else [dict(got, seed=0)]
 
 
-def best_ddp(rows):
-    got = {k: r["seconds_to_target"] for k, r in rows.items()
-           if r["kind"] in ("ddp", "postlocal") and r["seconds_to_target"]}
-    return min(got.items(), key=lambda kv: kv[1]) if got else (None, None)
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seeds", type=int, default=3)
@@ -167,7 +162,7 @@ def report(results):
         if not runs:
             lines += ["", f"{rate}: skipped ({(got or {}).get('skipped', 'not run')})"]
             continue
-        bests = [best_ddp(r["methods"]) for r in runs]
+        bests = [best(r["methods"], ("ddp", "postlocal")) for r in runs]  # post-local SGD included
         gbit = ", ".join(f"{r['measured_gbit_s']:.4f}" for r in runs)
         compute = ", ".join(f"{r['compute_s']:.4f}" for r in runs)
         named = ", ".join(f"{k} {v:.1f} s" if k else "none reached the target" for k, v in bests)
