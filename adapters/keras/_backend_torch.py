@@ -33,9 +33,12 @@ class TensorStore:
         return {k: v.detach().cpu().numpy().copy() for k, v in self.vars.items()}
 
     def restore(self, data):
-        """Residuals from ``data`` where present and of the right size; zero otherwise."""
+        """Residuals from ``data`` (numpy arrays or tensors) where present and of the right size;
+        zero otherwise."""
         for k, var in list(self.vars.items()):
             v = data.get(k)
+            if torch.is_tensor(v):  # np.size of a tensor is not its size
+                v = v.detach().cpu().numpy()
             ok = v is not None and var.numel() == np.size(v)
             self.vars[k] = (torch.as_tensor(np.asarray(v), dtype=torch.float32).to(var.device).clone()
                             if ok else torch.zeros_like(var))

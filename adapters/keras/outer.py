@@ -23,18 +23,18 @@ Example::
 import keras
 import numpy as np
 
-from hvdp.codecs.auto import Auto
-from hvdp.outer import HIERARCHICAL_REFUSAL, OuterLoop, OuterSettings
+from hvdp.outer import HIERARCHICAL_REFUSAL, OuterLoop, OuterSettings, outer_codec
 from hvdp.outer.loop import split, stats
 from hvdp.reduce.collectives import AVERAGE
 from hvdp.reduce.engine import Engine
-from hvdp.reduce.settings import ReduceSettings, is_low_rank
+from hvdp.reduce.settings import ReduceSettings
 
 from .agreement import REPORTER, VERSIONS, WATCHDOG, allgather_fixed, variable_entries
 from .backend import BACKEND as B
 from .compression import resolve
 from .join import OUTER
 from .plain import KerasPlain
+from .reducer import GradientReducer
 from .optimizer import serialise_as
 from .state import attach_outer, outer_of, state_of
 from .xla import install_auto_jit_veto
@@ -44,7 +44,9 @@ class KerasOuter:
     """One Keras optimizer's outer steps: the settings, one engine per fragment and the loop
     (made at the first step, from the variables the optimizer updates)."""
 
-    def __init__(self, outer: OuterSettings, reduce_settings: ReduceSettings, hvd_compressor, buffers, process_set):
+    def __init__(self, outer: OuterSettings, reduce_settings: ReduceSettings, hvd_compressor, buffers, process_set,
+                 warmup=None):
+        """``warmup``: ``warmup_compression``'s (ReduceSettings, Horovod compressor), or None (float32)."""
         # settings
         self.settings, self.reduce_settings = outer, reduce_settings
         self.hvd_compressor, self.process_set = hvd_compressor, process_set
@@ -55,6 +57,9 @@ class KerasOuter:
         self.pending = None  # a checkpoint's outer state, taken up when the loop is made
         # on while the next step is a warm-up step (set eagerly, read by the step as it runs)
         self.warming = B.Switch(True, "hvdp_outer_warming") if outer.warmup else None
+        # warmup_compression: the warm-up steps' per-step reduction (graph-safe, as hvd.DistributedOptimizer's)
+        self.warm_reducer = (GradientReducer(warmup[0], warmup[1], process_set, "hvdp_outer_warmup")
+                             if warmup is not None else None)
 
     def before_step(self, variables) -> None:
         """At the first step, before its update: rank 0's variables on every rank (the common
@@ -89,7 +94,9 @@ class KerasOuter:
             eng.set_layout([names[i] for i in idx], [tuple(self.variables[i].shape) for i in idx], [True] * len(idx),
                            tensors=variable_entries(self.variables, names) if f == 0 else None)
             self.engines.append(eng)
-        self.loop = OuterLoop(self.settings, B.ops, self.engines, self.fragments, self._values(), active=self._active)
+        self._build_warm_reducer(self.variables)  # before a checkpoint's residuals are loaded into it
+        self.loop = OuterLoop(self.settings, B.ops, self.engines, self.fragments, self._values(), active=self._active,
+                              warmup_engine=self.warm_reducer.engine if self.warm_reducer is not None else None)
 
     def forget(self) -> None:
         """Back to before the first step (an elastic state committed before it): the next step
@@ -100,13 +107,16 @@ class KerasOuter:
 
     def abort(self) -> None:
         """Drop a failed sync's reductions (an elastic reset: Horovod's handles are gone)."""
-        for eng in self.engines:
+        for eng in self._every_engine():
             eng.abort()
 
     def relayout(self) -> None:
         """The engines' residual stores at the current number of workers (after a resize)."""
-        for eng in self.engines:
+        for eng in self._every_engine():
             eng.relayout()
+
+    def _every_engine(self):
+        return self.engines + ([self.warm_reducer.engine] if self.warm_reducer is not None else [])
 
     def check_agreement(self) -> None:
         """The ranks-agree check of the first fragment's engine (every tensor of the optimizer,
@@ -119,17 +129,40 @@ class KerasOuter:
         if self.warming is not None:
             self.warming.set(self.loop.warming_up)
 
-    def average_if_warming(self, grads, token=None):
-        """``grads`` averaged over the ranks where the step running is a warm-up step, else as
-        they are (decided as the step runs: after ``token``, the first step's ``before_step``)."""
+    def average_if_warming(self, grads, variables, token=None):
+        """``grads`` (of ``variables``) averaged over the ranks where the step running is a
+        warm-up step, else as they are (decided as the step runs: after ``token``, the first
+        step's ``before_step``)."""
         if self.warming is None or not any(g is not None for g in grads):
             return grads
         held = [i for i, g in enumerate(grads) if g is not None]
-        out = self.warming.when(lambda: self._average([grads[i] for i in held]), [grads[i] for i in held], token)
+        red = self.warm_reducer
+        if red is None:
+            def run():
+                return self._average([grads[i] for i in held])
+        else:  # every variable's gradient reduced (a None one as zeros: the layout), the held ones kept
+            self._build_warm_reducer(variables)
+
+            def run():
+                out = red.reduce(list(grads))
+                return [out[i] for i in held]
+        out = self.warming.when(run, [grads[i] for i in held], token)
         grads = list(grads)
         for i, g in zip(held, out):
             grads[i] = g
         return grads
+
+    def _build_warm_reducer(self, variables) -> None:
+        """The warm-up reducer's layout for ``variables`` (made once; again if they changed), also
+        while a step is traced: its residual stores exist before the step runs."""
+        red = self.warm_reducer
+        if red is None:
+            return
+        if red.variables is None:
+            with B.init_scope():
+                red.build(variables, at_build=False)
+        elif not red.matches(variables):
+            red.replan(variables)
 
     def _average(self, grads):
         """A synchronous warm-up step: each gradient averaged over the ranks by Horovod's allreduce
@@ -221,7 +254,7 @@ class _Outer:
             variables = list(self._trainable_variables)
         B.refuse_xla("hvd.OuterOptimizer's step is", "compile the model with jit_compile=False")
         started = None if outer.loop is not None else B.eager_call(lambda: outer.before_step(variables), variables)
-        grads = outer.average_if_warming(list(grads), started)
+        grads = outer.average_if_warming(list(grads), variables, started)
         out = B.run_after(started, lambda: parent.apply(grads, variables))
         B.eager_call(outer.after_step, variables)
         return out
@@ -238,7 +271,7 @@ class _Outer:
 
 def OuterOptimizer(optimizer, sync_every=None, outer_lr=0.7, outer_momentum=0.9, nesterov=True, compression="none",
                    fragments=1, delay=0, mix=0.0, warmup_steps=0, policy=None, buffers=None, hierarchical=False,
-                   process_set=None):
+                   process_set=None, warmup_compression="none"):
     """Outer steps around a Keras optimizer (DiLoCo; local SGD with ``outer_lr=1, outer_momentum=0``).
 
     Args:
@@ -250,6 +283,8 @@ def OuterOptimizer(optimizer, sync_every=None, outer_lr=0.7, outer_momentum=0.9,
         fragments, delay, mix: streaming (``hvdp.outer.OuterSettings``).
         warmup_steps: W synchronous steps first (the gradients averaged before each inner step,
             as ``start_localSGD_iter`` of PyTorch's post-local SGD); the intervals start after them.
+        warmup_compression: the warm-up steps' codec: "none" (float32) or "fp16", "bf16", "int8",
+            "int4", "topk" (each step as ``hvd.DistributedOptimizer`` with that compression).
         policy: an ``hvdp.CompressionPolicy``.
         buffers: float variables averaged at the first fragment's syncs (batch-norm statistics:
             ``[v for v in model.non_trainable_variables]``).
@@ -266,12 +301,15 @@ def OuterOptimizer(optimizer, sync_every=None, outer_lr=0.7, outer_momentum=0.9,
     if outer_of(optimizer) is not None or state_of(optimizer) is not None:
         raise ValueError("this optimizer already is an hvd.OuterOptimizer or an hvd.DistributedOptimizer: "
                          "wrap the plain Keras optimizer in one of them")
-    outer = OuterSettings(sync_every, outer_lr, outer_momentum, nesterov, fragments, delay, mix, warmup_steps)
-    codec, hvd_compressor = resolve(compression)
-    if codec is None or is_low_rank(codec) or isinstance(codec, Auto):
-        raise ValueError(f"hvd.OuterOptimizer reduces pseudo-gradients with hvdp's codecs: compression="
-                         f"{compression!r} is not one here; use 'none', 'fp16', 'bf16', 'int8', 'int4' or 'topk'")
+    codec, hvd_compressor = outer_codec(resolve(compression), "compression", compression)
+    wcodec, whvd = outer_codec(resolve(warmup_compression), "warmup_compression", warmup_compression)
+    outer = OuterSettings(sync_every, outer_lr, outer_momentum, nesterov, fragments, delay, mix, warmup_steps,
+                          wcodec.name)
     rs = ReduceSettings.from_user(codec, hvd_compressor, policy, extra=(("outer", outer.describe()),))
+    warmup = None
+    if outer.warmup_compression != "none":
+        warmup = (ReduceSettings.from_user(wcodec, whvd, policy, extra=(("outer", outer.describe()),
+                                                                       ("phase", "warm-up"))), whvd)
     process_set = process_set if process_set is not None else B.hvd.global_process_set
     REPORTER.install()  # needs the rank, so after hvd.init
     install_auto_jit_veto()  # compile(jit_compile="auto") on a GPU node: no XLA around the outer loop
@@ -280,6 +318,6 @@ def OuterOptimizer(optimizer, sync_every=None, outer_lr=0.7, outer_momentum=0.9,
     cls = type(base.__name__, (base,), dict(methods, __module__=base.__module__, __qualname__=base.__qualname__))
     serialise_as(cls, base)  # saved as the user's class, as hvd.DistributedOptimizer's
     optimizer.__class__ = cls  # keep the object: its variables, config and tracking stay valid
-    attach_outer(optimizer, KerasOuter(outer, rs, hvd_compressor, buffers, process_set))
+    attach_outer(optimizer, KerasOuter(outer, rs, hvd_compressor, buffers, process_set, warmup))
     OUTER.add(optimizer)
     return optimizer

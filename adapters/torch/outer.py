@@ -12,13 +12,12 @@ Example::
 import horovod.torch as _hvd
 import torch
 
-from hvdp.codecs.auto import Auto
 from hvdp.config import overlap
-from hvdp.outer import HIERARCHICAL_REFUSAL, OuterLoop, OuterSettings
+from hvdp.outer import HIERARCHICAL_REFUSAL, OuterLoop, OuterSettings, outer_codec
 from hvdp.outer.loop import split, stats
 from hvdp.reduce.collectives import AVERAGE, SUM
 from hvdp.reduce.engine import Engine
-from hvdp.reduce.settings import ReduceSettings, is_low_rank
+from hvdp.reduce.settings import ReduceSettings
 
 from .agreement import REPORTER, VERSIONS, allgather_fixed
 from .comm import TorchCollectives, next_instance
@@ -62,6 +61,17 @@ class _OuterOptimizer(torch.optim.Optimizer):
                            [tuple(p.shape) for p in ps], [p.is_floating_point() for p in ps],
                            tensors=entries if f == 0 else None, at_creation=True)
             self.engines.append(eng)
+        self._warm_engine = None  # warmup_compression: the warm-up steps' own per-step reduction
+        if outer.warmup_compression != "none":
+            wcodec, whvd = resolve(outer.warmup_compression)
+            wrs = ReduceSettings.from_user(wcodec, whvd, policy, instance=instance,
+                                           extra=(("outer", outer.describe()), ("phase", "warm-up")))
+            wcomm = TorchCollectives(process_set, scope=f"hvdp.outer{instance}.warmup.")
+            self._warm_engine = Engine(wrs, _OPS, wcomm, TorchPlain(wcomm, wrs.op, 1.0, whvd),
+                                       allgather_fixed(process_set), versions=VERSIONS, per_bucket_auto=False)
+            self._warm_engine.set_layout([self._names.get(id(p), f"param.{i}") for i, p in enumerate(self._params)],
+                                         [tuple(p.shape) for p in self._params],
+                                         [p.is_floating_point() for p in self._params])
         self.outer = None  # made at the first step, from the parameters as broadcast by then
         # from the gradient hooks: a sync's join control, a streaming fragment's next phase
         self._overlap = overlap() and (getattr(process_set, "process_set_id", 0) or 0) == 0
@@ -77,7 +87,8 @@ class _OuterOptimizer(torch.optim.Optimizer):
         loop = self.outer
         if loop is None:
             return
-        begin = not self._join.begun and self._comm.size > 1 and loop.syncs_next()
+        begin = (not self._join.begun and self._comm.size > 1
+                 and (loop.syncs_next() or (self._warm_engine is not None and loop.warming_up)))
         if not (begin or loop.in_flight):  # most hooks of most steps: nothing to do
             return
         with torch.no_grad(), REPORTER.explaining():
@@ -88,7 +99,7 @@ class _OuterOptimizer(torch.optim.Optimizer):
 
     def _new_loop(self):
         return OuterLoop(self._outer_settings, _OPS, self.engines, self._fragments,
-                         [p.detach() for p in self._params], active=self._active)
+                         [p.detach() for p in self._params], active=self._active, warmup_engine=self._warm_engine)
 
     def _active(self) -> int:
         """The ranks taking part in the sync starting now (a joined rank adds a zero): the join
@@ -114,7 +125,22 @@ class _OuterOptimizer(torch.optim.Optimizer):
 
     @torch.no_grad()
     def _average_gradients(self):
-        """A synchronous warm-up step: every gradient averaged over the ranks (float32, no codec)."""
+        """A synchronous warm-up step: every gradient averaged over the ranks (float32 by Horovod's
+        allreduce; with ``warmup_compression``, through the warm-up engine: the two-phase
+        reduction with its residuals, or float32 where a rank has joined, as
+        ``hvd.DistributedOptimizer``'s steps)."""
+        eng = self._warm_engine
+        if eng is not None:
+            grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self._params]
+            size = eng.comm.size
+            joined = size > 1 and self._active() < size  # the join control begun in the backward
+            eng.begin_step(grads[0])
+            out = eng.reduce(grads, True, joined=joined)
+            eng.end_step()
+            for p, g in zip(self._params, out):
+                if p.grad is not None:
+                    p.grad.copy_(g)
+            return
         comm = self.engines[0].comm  # recorded in the flight record, waits under the watchdog
         handles = [comm.allreduce_async(p.grad, f"hvdp.warmup.{i}", AVERAGE)
                    for i, p in enumerate(self._params) if p.grad is not None]
@@ -140,7 +166,8 @@ class _OuterOptimizer(torch.optim.Optimizer):
         second phase this rank would never send."""
         if self._join.begun:
             return ("hvd.join() was called between the backward and the step() of an inner step that ends with "
-                    "an outer sync (its join control is already sent: the other ranks count this rank in). Fix: "
+                    "an outer sync or averages its gradients with warmup_compression (its join control is already "
+                    "sent: the other ranks count this rank in). Fix: "
                     "call hvd.join() after opt.step(), where the training loop runs out of data")
         if self.outer is not None and self.outer.in_flight:
             return (f"hvd.join() was called while hvd.OuterOptimizer has a fragment in flight (delay="
@@ -213,7 +240,7 @@ def is_outer_class(cls) -> bool:
 
 def OuterOptimizer(optimizer, named_parameters=None, sync_every=None, outer_lr=0.7, outer_momentum=0.9,
                    nesterov=True, compression="none", fragments=1, delay=0, mix=0.0, warmup_steps=0, policy=None,
-                   buffers=None, hierarchical=False, process_set=_hvd.global_process_set):
+                   buffers=None, hierarchical=False, process_set=_hvd.global_process_set, warmup_compression="none"):
     """Outer steps around ``optimizer`` (DiLoCo; local SGD with ``outer_lr=1, outer_momentum=0``).
 
     Args:
@@ -227,6 +254,9 @@ def OuterOptimizer(optimizer, named_parameters=None, sync_every=None, outer_lr=0
         fragments, delay, mix: streaming (``hvdp.outer.OuterSettings``).
         warmup_steps: W synchronous steps first (the gradients averaged before each inner step,
             as ``start_localSGD_iter`` of PyTorch's post-local SGD); the intervals start after them.
+        warmup_compression: the warm-up steps' codec: "none" (float32) or "fp16", "bf16", "int8",
+            "int4", "topk" (each step as ``hvd.DistributedOptimizer`` with that compression,
+            error feedback included); on a slow link the float32 warm-up costs the most.
         policy: an ``hvdp.CompressionPolicy`` (which tensors are compressed).
         buffers: ``model.named_buffers()``: float buffers averaged at the first fragment's syncs.
         hierarchical: refused (True): outer steps reduce over every rank at once.
@@ -239,11 +269,9 @@ def OuterOptimizer(optimizer, named_parameters=None, sync_every=None, outer_lr=0
         raise ValueError("hvd.OuterOptimizer needs sync_every=H, the inner steps between syncs (e.g. 8)")
     if hierarchical:
         raise ValueError(HIERARCHICAL_REFUSAL)
-    outer = OuterSettings(sync_every, outer_lr, outer_momentum, nesterov, fragments, delay, mix, warmup_steps)
-    codec, hvd_compressor = resolve(compression)
-    if codec is None or is_low_rank(codec) or isinstance(codec, Auto):
-        raise ValueError(f"hvd.OuterOptimizer reduces pseudo-gradients with hvdp's codecs: compression="
-                         f"{compression!r} is not one here; use 'none', 'fp16', 'bf16', 'int8', 'int4' or 'topk'")
+    codec, hvd_compressor = outer_codec(resolve(compression), "compression", compression)
+    warm = outer_codec(resolve(warmup_compression), "warmup_compression", warmup_compression)[0].name
+    outer = OuterSettings(sync_every, outer_lr, outer_momentum, nesterov, fragments, delay, mix, warmup_steps, warm)
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_OuterOptimizer.__dict__))
     return cls(optimizer.param_groups, named_parameters, outer, codec, hvd_compressor, policy,
                list(buffers) if buffers is not None else None, process_set)

@@ -11,6 +11,6 @@ moves the global parameters, from which every worker continues.
   adapter calls after every inner step.
 """
 from .loop import OuterLoop
-from .settings import HIERARCHICAL_REFUSAL, OuterSettings
+from .settings import HIERARCHICAL_REFUSAL, OuterSettings, outer_codec
 
-__all__ = ["HIERARCHICAL_REFUSAL", "OuterLoop", "OuterSettings"]
+__all__ = ["HIERARCHICAL_REFUSAL", "OuterLoop", "OuterSettings", "outer_codec"]

@@ -57,7 +57,8 @@ def stats(settings: OuterSettings, engines: Sequence[Any], loop: Optional["Outer
     """An outer-step optimizer's ``compression_stats()``: each fragment's engine summary (per
     sync), the bytes one worker sends per inner step (every fragment's mean bytes per sync over
     H), beside float32 data parallelism's per step; with ``sync_every="auto"``, what it chose
-    (``sync_every_auto``; None while probing)."""
+    (``sync_every_auto``; None while probing); with ``warmup_compression``, the warm-up engine's
+    summary (``warmup``: its steps, bytes per step)."""
     frags = [eng.summary() for eng in engines]
     per_sync = sum(f["total"]["all"]["sent"] / max(f["steps"], 1) for f in frags)
     fp32 = sum(f["total"]["all"]["fp32"] / max(f["steps"], 1) for f in frags)
@@ -66,6 +67,8 @@ def stats(settings: OuterSettings, engines: Sequence[Any], loop: Optional["Outer
            "sent_per_inner_step": per_sync / h if h else None, "fp32_per_step_of_data_parallelism": fp32}
     if settings.auto:
         out["sync_every_auto"] = loop.auto if loop is not None else None
+    if loop is not None and loop.warmup_engine is not None:  # warmup_compression: the warm-up's steps
+        out["warmup"] = loop.warmup_engine.summary(steps=loop.warm)  # a traced step: counted per step run
     return out
 
 
@@ -86,11 +89,15 @@ class OuterLoop:
             than all take part, the engine reduces in float32 (a joined rank adds zeros) and the
             average is over the ranks that took part.
         clock: seconds (``sync_every="auto"`` times its probe with it; tests pass their own).
+        warmup_engine: the engine the adapter averages the warm-up steps' gradients with
+            (``warmup_compression`` other than "none"); the loop only carries its residuals in
+            :meth:`state` (after the fragments' engines), so a checkpoint taken during the
+            warm-up resumes with them.
     """
 
     def __init__(self, settings: OuterSettings, ops, engines: Sequence[Any], fragments: Sequence[Sequence[int]],
                  params: Sequence[Array], active: Optional[Callable[[], int]] = None,
-                 clock: Callable[[], float] = time.perf_counter):
+                 clock: Callable[[], float] = time.perf_counter, warmup_engine: Any = None):
         if len(engines) != len(fragments) or len(fragments) != settings.fragments:
             raise ValueError(f"{settings.fragments} fragments need as many engines and index lists, got "
                              f"{len(engines)} and {len(fragments)}")
@@ -103,6 +110,7 @@ class OuterLoop:
         self.auto: Optional[dict] = None  # what sync_every="auto" measured and chose
         self._probe: List[float] = []  # the clock at each inner step of the probe
         self.engines, self.fragments = list(engines), [list(f) for f in fragments]
+        self.warmup_engine = warmup_engine
         # internal state: the global parameters, the outer optimizer's momentum, the inner step
         self.globals: List[Array] = [self._copy(p) for p in params]
         self.momentum: List[Optional[Array]] = [None] * len(params)
@@ -253,7 +261,8 @@ class OuterLoop:
     # --- what a checkpoint carries ------------------------------------------------------------
     def state(self, drop_in_flight: bool = False) -> dict:
         """The global parameters, the outer momentum, the step within the interval (the same on
-        every rank) and every fragment's engine state (``engines``: this rank's residuals). A
+        every rank) and every fragment's engine state (``engines``: this rank's residuals; the
+        warm-up engine's last, where there is one). A
         fragment in flight cannot be saved: checkpoint where :attr:`in_flight` is False (always,
         with ``delay=0``). ``drop_in_flight`` (an elastic commit, which must not fail): saved as
         if a fragment in flight had not synced (its global parameters, momentum and count are
@@ -265,7 +274,10 @@ class OuterLoop:
                                "flight (OuterLoop.in_flight is False)")
         return {"settings": self.settings.describe(), "step": self.step, "warm": self.warm, "auto": self.auto,
                 "outer_steps": list(self.outer_steps), "globals": list(self.globals), "momentum": list(self.momentum),
-                "engines": [e.state() for e in self.engines]}
+                "engines": [e.state() for e in self._all_engines()]}
+
+    def _all_engines(self) -> List[Any]:
+        return self.engines + ([self.warmup_engine] if self.warmup_engine is not None else [])
 
     def load_state(self, state: dict) -> None:
         if state.get("settings") != self.settings.describe():
@@ -288,5 +300,6 @@ class OuterLoop:
         self.outer_steps = list(state["outer_steps"])
         self.globals = [self._copy(g) for g in state["globals"]]
         self.momentum = [None if m is None else self._copy(m) for m in state["momentum"]]
-        for e, st in zip(self.engines, state.get("engines") or [None] * len(self.engines)):
+        every = self._all_engines()
+        for e, st in zip(every, state.get("engines") or [None] * len(every)):
             e.load_state(st)  # None (a rank that did not save): residuals from zero

@@ -8,7 +8,10 @@ Example::
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Union
+from typing import Any, Tuple, Union
+
+from ..codecs.auto import Auto
+from ..reduce.settings import is_low_rank
 
 AUTO = "auto"
 
@@ -17,6 +20,19 @@ HIERARCHICAL_REFUSAL = (
     "(every step inside a node, outer steps across nodes): each sync reduces over every rank at once. "
     "Fix: drop hierarchical=True (a sync's bytes are already 1/sync_every of a per-step exchange's), or "
     "use hvd.DistributedOptimizer(..., hierarchical=True) to reduce every step in two levels")
+
+
+
+def outer_codec(resolved: Tuple[Any, Any], arg: str, value: Any) -> Tuple[Any, Any]:
+    """An ``hvd.OuterOptimizer`` argument's codec as the adapter's ``resolve`` gave it, or a
+    ValueError naming the codecs it takes (a fixed hvdp codec: not powersgd, not auto, not
+    one of Horovod's own compressors). ``arg``: "compression" or "warmup_compression"."""
+    codec = resolved[0]
+    if codec is None or is_low_rank(codec) or isinstance(codec, Auto):
+        what = "pseudo-gradients" if arg == "compression" else "the warm-up steps' gradients"
+        raise ValueError(f"hvd.OuterOptimizer reduces {what} with hvdp's codecs: {arg}={value!r} is not one "
+                         "here; use 'none', 'fp16', 'bf16', 'int8', 'int4' or 'topk'")
+    return resolved
 
 
 @dataclass(frozen=True)
@@ -40,6 +56,10 @@ class OuterSettings:
             SGD): for W inner steps the adapter averages the gradients before the inner step, so
             every rank takes the same step; the first interval starts after them, from the
             parameters they reached.
+        warmup_compression: the codec of the warm-up steps' gradient averages: "none" (float32,
+            Horovod's allreduce) or a per-step codec ("fp16", "bf16", "int8", "int4", "topk":
+            the two-phase reduction with its own error feedback, as ``hvd.DistributedOptimizer``
+            with that compression). On a slow link the warm-up is the run's most expensive part.
     """
 
     sync_every: Union[int, str]
@@ -50,6 +70,7 @@ class OuterSettings:
     delay: int = 0
     mix: float = 0.0
     warmup: int = 0
+    warmup_compression: str = "none"
 
     def __post_init__(self):
         def whole(name, v, lo):
@@ -62,6 +83,12 @@ class OuterSettings:
         whole("fragments", self.fragments, 1)
         whole("delay", self.delay, 0)
         whole("warmup", self.warmup, 0)
+        if not isinstance(self.warmup_compression, str):
+            raise ValueError(f"warmup_compression must be a codec's name ('none', 'int8', ...), got "
+                             f"{self.warmup_compression!r}")
+        if self.warmup_compression != "none" and not self.warmup:
+            raise ValueError(f"warmup_compression={self.warmup_compression!r} without warmup_steps: there are "
+                             "no warm-up steps to compress; pass warmup_steps=W (e.g. 96) or drop warmup_compression")
         # sync_every="auto": H is chosen later, at least fragments and above delay (hvdp.outer.auto)
         if not self.auto and self.fragments > self.sync_every:
             raise ValueError(f"fragments={self.fragments} is more than sync_every={self.sync_every}: each "
@@ -91,4 +118,5 @@ class OuterSettings:
     def describe(self) -> str:
         """One line for the ranks-agree check and ``compression_stats()``."""
         return (f"H={self.sync_every} lr={self.lr:g} momentum={self.momentum:g} nesterov={self.nesterov} "
-                f"K={self.fragments} tau={self.delay} mix={self.mix:g}" + (f" W={self.warmup}" if self.warmup else ""))
+                f"K={self.fragments} tau={self.delay} mix={self.mix:g}" + (f" W={self.warmup}" if self.warmup else "")
+                + (f"/{self.warmup_compression}" if self.warmup_compression != "none" else ""))

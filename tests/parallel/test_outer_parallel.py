@@ -10,10 +10,11 @@ from conftest import WORKERS, checks_passed, horovodrun
 
 pytestmark = pytest.mark.parallel
 
-CHECKS = ["data_parallelism", "ranks_identical_int8", "post_local_sgd", "warmup_post_local_sgd",
+CHECKS = ["data_parallelism", "ranks_identical_int8", "post_local_sgd", "warmup_post_local_sgd", "warmup_codec",
+          "join_warmup_codec",
           "checkpoint_mid_interval", "save_checkpoint", "join", "auto", "streaming_overlap", "refusals"]
 KERAS_CHECKS = ["refusals", "data_parallelism", "ranks_identical_int8", "custom_loop", "auto", "join", "checkpoint",
-                "warmup_fit", "warmup_custom_loop", "checkpoint_warmup"]
+                "warmup_fit", "warmup_custom_loop", "checkpoint_warmup", "warmup_codec"]
 
 
 @functools.lru_cache(maxsize=None)

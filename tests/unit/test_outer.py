@@ -81,14 +81,19 @@ def reference(settings, steps, start, ranks):
     return local
 
 
+def make_engine(codec, comm, idx, describe):
+    rs = ReduceSettings(codecs.get(codec), CompressionPolicy(min_elements=1), extra=(("outer", describe),))
+    e = Engine(rs, OPS, comm, NumpyPlain(comm, "average"), gather(comm))
+    e.set_layout([f"t{i}" for i in idx], [SHAPES[i] for i in idx], [True] * len(idx))
+    return e
+
+
 def make_loop(settings, comm, codec, start, frags, clock=None):
-    rs = ReduceSettings(codecs.get(codec), CompressionPolicy(min_elements=1), extra=(("outer", settings.describe()),))
-    engs = []
-    for f in frags:
-        e = Engine(rs, OPS, comm, NumpyPlain(comm, "average"), gather(comm))
-        e.set_layout([f"t{i}" for i in f], [SHAPES[i] for i in f], [True] * len(f))
-        engs.append(e)
-    return OuterLoop(settings, OPS, engs, frags, start, **({"clock": clock} if clock else {}))
+    engs = [make_engine(codec, comm, f, settings.describe()) for f in frags]
+    warm = None  # warmup_compression: the adapter's warm-up engine over every tensor
+    if settings.warmup_compression != "none":
+        warm = make_engine(settings.warmup_compression, comm, range(len(SHAPES)), settings.describe())
+    return OuterLoop(settings, OPS, engs, frags, start, warmup_engine=warm, **({"clock": clock} if clock else {}))
 
 
 def phases(loop):
@@ -121,7 +126,9 @@ def run(settings, steps, codec="none", seed=0, stop_at=None, resume=None, clock=
                 loop.load_state(resume[1][r]["loop"])
             for s in range(first, steps + 1):
                 x, y = ranks[r]
-                if loop.warming_up:  # the adapter's gradient average (float32, every rank's data)
+                if loop.warming_up and loop.warmup_engine is not None:  # this rank's gradients through it
+                    g = loop.warmup_engine.reduce(grads(params, x, y))
+                elif loop.warming_up:  # the adapter's gradient average (float32, every rank's data)
                     g = [np.mean(gs, axis=0, dtype=np.float32) for gs in zip(*(grads(params, *d) for d in ranks))]
                 else:
                     g = grads(params, x, y)
@@ -251,6 +258,40 @@ def test_checkpoint_mid_interval_resumes_to_the_same_bits(stop_at):
             assert np.array_equal(a, b)
 
 
+@pytest.mark.parametrize("stop_at", [3, 10])  # inside the warm-up, inside an interval
+def test_warmup_compression_carries_its_residuals_and_keeps_ranks_identical(stop_at):
+    """warmup_compression="int8": the warm-up's gradients through their own engine (error
+    feedback): every rank the same bits after it, near the float32 warm-up's run (int8's
+    error), its residuals in the loop's state (after the fragments'), and a checkpoint inside
+    or after the warm-up resumes to the uninterrupted run's bits; without them it does not."""
+    settings = OuterSettings(sync_every=4, warmup=5, warmup_compression="int8")
+    straight, synced, saved = run(settings, 20, codec="int8", stop_at=stop_at)
+    assert_ranks_identical_after_syncs(synced)
+    assert len(saved[0]["loop"]["engines"]) == 2 and saved[0]["loop"]["engines"][1]["reducer"]["worker"]
+    fp32, _, _ = run(OuterSettings(sync_every=4, warmup=5), 20, codec="int8")
+    gap = max(float(np.max(np.abs(a - b))) for a, b in zip(straight[0], fp32[0]))
+    assert 0 < gap < 0.05, gap  # the int8 warm-up is not the float32 one, nor far from it
+    resumed, _, _ = run(settings, 20, codec="int8", resume=(stop_at, saved))
+    for r in range(P):
+        for a, b in zip(straight[r], resumed[r]):
+            assert np.array_equal(a, b)
+    if stop_at <= settings.warmup:  # the warm-up's residuals lost: other bits
+        for st in saved:
+            st["loop"]["engines"] = st["loop"]["engines"][:1]
+        lost, _, _ = run(settings, 20, codec="int8", resume=(stop_at, saved))
+        assert any(not np.array_equal(a, b) for a, b in zip(straight[0], lost[0]))
+
+
+def test_outer_codec_names_the_codecs_it_takes():
+    from hvdp.outer import outer_codec
+    assert outer_codec((codecs.get("int4"), None), "warmup_compression", "int4")[0].name == "int4"
+    for resolved, value in (((None, object()), "hvd.Compression.fp16"), ((codecs.get("powersgd"), None), "powersgd")):
+        with pytest.raises(ValueError, match="warm-up steps' gradients with hvdp's codecs.*'int8', 'int4' or 'topk'"):
+            outer_codec(resolved, "warmup_compression", value)
+    assert OuterSettings(sync_every=4, warmup=5).describe().endswith(" W=5")  # as saved before the option
+    assert OuterSettings(sync_every=4, warmup=5, warmup_compression="int8").describe().endswith(" W=5/int8")
+
+
 def test_a_fragment_in_flight_cannot_be_saved_and_settings_must_match():
     settings = OuterSettings(sync_every=4, fragments=2, delay=1)
     _, _, saved = run(settings, 4, stop_at=3)  # fragment 0 syncs at 4, fragment 1 at 2: lands at 3
@@ -272,6 +313,8 @@ def test_a_fragment_in_flight_cannot_be_saved_and_settings_must_match():
     ({"sync_every": 4, "momentum": 0.0}, "nesterov=True needs momentum > 0"),
     ({"sync_every": 4, "mix": 1.0}, r"mix must be in \[0, 1\)"),
     ({"sync_every": 4, "warmup": -1}, "warmup must be an integer >= 0"),
+    ({"sync_every": 4, "warmup_compression": "int8"}, "without warmup_steps"),
+    ({"sync_every": 4, "warmup": 2, "warmup_compression": None}, "must be a codec's name"),
     ({"sync_every": "often"}, "sync_every must be an integer >= 1 or 'auto'"),
 ])
 def test_settings_refuse_what_cannot_work(kwargs, match):

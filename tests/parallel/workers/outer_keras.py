@@ -333,11 +333,42 @@ def check_checkpoint_warmup():
     assert (loop.warm, loop.step) == (W, 10 - W), (loop.warm, loop.step)
 
 
+def check_warmup_codec():
+    """warmup_compression="int8" in model.fit: after the W warm-up steps the weights are
+    hvd.DistributedOptimizer(compression="int8")'s after the same steps (the same engine and
+    codec: the same bits), every rank the same, the warm-up's bytes in compression_stats(); a
+    checkpoint in the middle of the warm-up (its residuals saved) resumes to the uninterrupted
+    run's bits."""
+    pol = hvd.CompressionPolicy(min_elements=1)
+
+    def make():
+        model = make_model()
+        model.compile(optimizer=hvd.OuterOptimizer(keras.optimizers.SGD(WARM_LR), sync_every=H, outer_lr=1.0,
+                                                   outer_momentum=0.0, nesterov=False, warmup_steps=W,
+                                                   warmup_compression="int8", policy=pol), loss=LOSS)
+        return model
+    x, y = my_data(WARM_STEPS)
+    model = make()
+    model.fit(x[:W * PER_WORKER], y[:W * PER_WORKER], batch_size=PER_WORKER, epochs=1, shuffle=False, verbose=0)
+    assert_ranks_identical(model, "warm.int8")
+    dp = make_model()
+    dp.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(WARM_LR), compression="int8", policy=pol),
+               loss=LOSS)
+    dp.fit(x[:W * PER_WORKER], y[:W * PER_WORKER], batch_size=PER_WORKER, epochs=1, shuffle=False, verbose=0)
+    diff = max(float(np.max(np.abs(a - b))) for a, b in zip(model.get_weights(), dp.get_weights()))
+    assert diff == 0.0, f"the int8 warm-up differs from hvd.DistributedOptimizer(compression='int8'): {diff:.3g}"
+    warm = model.optimizer.compression_stats()["warmup"]["total"]["all"]
+    assert 0 < warm["sent"] < 0.4 * warm["fp32"], warm  # int8: about a quarter of float32
+    resume_and_compare(make, 2, 10, "warm_int8", "the warm-up count and residuals")
+
+
 def check_refusals():
     for kwargs, text in (({}, "needs sync_every=H"), ({"sync_every": 4, "compression": "powersgd"}, "not one here"),
                          ({"sync_every": 4, "fragments": 5}, "more than sync_every"),
                          ({"sync_every": 4, "warmup_steps": -1}, "warmup must be an integer >= 0"),
-                         ({"sync_every": 4, "hierarchical": True}, "do not combine with the two-level reduction")):
+                         ({"sync_every": 4, "hierarchical": True}, "do not combine with the two-level reduction"),
+                         ({"sync_every": 4, "warmup_steps": 2, "warmup_compression": "auto"}, "not one here"),
+                         ({"sync_every": 4, "warmup_compression": "int8"}, "without warmup_steps")):
         try:
             hvd.OuterOptimizer(keras.optimizers.SGD(0.1), **kwargs)
         except ValueError as e:

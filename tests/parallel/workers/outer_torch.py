@@ -163,6 +163,72 @@ def check_warmup_post_local_sgd():
         assert opt.outer.warm == W and opt.outer.step == STEPS - W
 
 
+def check_warmup_codec():
+    """warmup_compression="int8": the W warm-up steps are hvd.DistributedOptimizer(compression=
+    "int8")'s steps (the same bits: the same engine, codec and residuals), every rank the same
+    after them, the warm-up's bytes in compression_stats(); a checkpoint in the middle of the
+    warm-up (its residuals saved) resumes to the uninterrupted run's bits at step 14."""
+    W, pol = 5, hvd.CompressionPolicy(min_elements=1)
+
+    def make():
+        model, x, y = model_and_data()
+        opt = hvd.OuterOptimizer(torch.optim.AdamW(model.parameters(), lr=1e-2),
+                                 named_parameters=model.named_parameters(), sync_every=4, compression="int8",
+                                 warmup_steps=W, warmup_compression="int8", policy=pol)
+        return model, opt, x, y
+    model, opt, x, y = make()
+    dp_model = copy.deepcopy(model)
+    dp = hvd.DistributedOptimizer(torch.optim.AdamW(dp_model.parameters(), lr=1e-2),
+                                  named_parameters=dp_model.named_parameters(), compression="int8", policy=pol)
+    train(model, opt, x, y, W)
+    train(dp_model, dp, x, y, W)
+    worst = max((p - q).abs().max().item() for p, q in zip(model.parameters(), dp_model.parameters()))
+    assert worst == 0.0, f"the int8 warm-up differs from hvd.DistributedOptimizer(compression='int8'): {worst:.3g}"
+    same_on_every_rank(model, "warm")
+    warm = opt.compression_stats()["warmup"]["total"]["all"]
+    assert 0 < warm["sent"] < 0.4 * warm["fp32"], warm  # int8: about a quarter of float32
+    # a checkpoint after step 3 of the 5 warm-up steps
+    model, opt, x, y = make()
+    train(model, opt, x, y, 3)
+    buf = io.BytesIO()
+    torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, buf)
+    train(model, opt, x, y, 14, first=3)
+    assert opt.outer.warm == W and opt.outer.step == 14 - W
+    for keep in (True, False):
+        model2, opt2, _, _ = make()
+        buf.seek(0)
+        saved = torch.load(buf, weights_only=False)
+        if not keep:  # without the warm-up engine's residuals: other bits (the check can see them)
+            saved["opt"]["hvdp"]["engines"] = saved["opt"]["hvdp"]["engines"][:-1]
+        model2.load_state_dict(saved["model"])
+        opt2.load_state_dict(saved["opt"])
+        train(model2, opt2, x, y, 14, first=3)
+        equal = all(torch.equal(p, q) for p, q in zip(model.parameters(), model2.parameters()))
+        assert equal == keep, ("the resumed run differs from the uninterrupted one" if keep else
+                               "without the warm-up residuals the run is the same: the check cannot see them")
+
+
+def check_join_warmup_codec():
+    """Uneven inputs inside an int8 warm-up (W 8): rank 1 joins after 3 steps, rank 0 takes 8;
+    the same bits as hvd.DistributedOptimizer(compression="int8") with the same join (its steps
+    after the join reduced in float32, the joined rank adding zeros), both ranks the same after it."""
+    pol, mine = hvd.CompressionPolicy(min_elements=1), (8 if hvd.rank() == 0 else 3)
+    got = []
+    for outer in (True, False):
+        model, x, y = model_and_data()
+        model.eval()  # no batch-norm statistics in the way
+        inner = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        opt = (hvd.OuterOptimizer(inner, named_parameters=model.named_parameters(), sync_every=4, warmup_steps=8,
+                                  warmup_compression="int8", policy=pol) if outer else
+               hvd.DistributedOptimizer(inner, named_parameters=model.named_parameters(), compression="int8",
+                                        policy=pol))
+        train(model, opt, x, y, mine)
+        assert hvd.join() == 0
+        same_on_every_rank(model, f"join.warm.{outer}")
+        got.append([p.detach().clone() for p in model.parameters()])
+    assert all(torch.equal(a, b) for a, b in zip(*got)), "the warm-up with a join differs from DistributedOptimizer's"
+
+
 def check_checkpoint_mid_interval():
     """A checkpoint at step 6 (H 4: inside the second interval), loaded into fresh objects,
     trains on to the uninterrupted run's bits."""
@@ -345,7 +411,9 @@ def check_refusals():
     model, _, _ = model_and_data()
     for kwargs, text in (({}, "needs sync_every=H"), ({"sync_every": 4, "compression": "powersgd"}, "not one here"),
                          ({"sync_every": 4, "delay": 4}, "must be below sync_every"),
-                         ({"sync_every": 4, "hierarchical": True}, "do not combine with the two-level reduction")):
+                         ({"sync_every": 4, "hierarchical": True}, "do not combine with the two-level reduction"),
+                         ({"sync_every": 4, "warmup_steps": 2, "warmup_compression": "powersgd"}, "not one here"),
+                         ({"sync_every": 4, "warmup_compression": "int8"}, "without warmup_steps")):
         try:
             hvd.OuterOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), **kwargs)
         except ValueError as e:
