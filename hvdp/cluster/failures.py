@@ -128,7 +128,8 @@ class FailureReporter(EndingMarks):
     def report(self, exc: BaseException, where: str, linger_s: Optional[float] = None) -> None:
         """Leave ``exc`` on the board (once per exception); never raises. ``linger_s``: this
         failure's linger, if shorter than the reporter's (the stall watchdog's: the ranks it names
-        did not arrive, and a rank that does not arrive rarely marks "done")."""
+        did not arrive, and a rank that does not arrive rarely marks "done"). A rank that has
+        already explained another rank's failure does not linger after its own."""
         if getattr(exc, "_hvdp_reported", False) or is_consequence(exc):
             return
         try:
@@ -146,6 +147,8 @@ class FailureReporter(EndingMarks):
             return
         self._reported_at = now
         self._linger_bound = self.linger_s if linger_s is None else min(self.linger_s, linger_s)
+        if self._explained_any:  # an error after explaining another rank's failure (a closed pipe to
+            self._linger_bound = 0.0  # the launcher): the job has already failed; nobody to wait for
         self.mark_done()  # another failing rank need not wait for this one
 
     def mark_done(self) -> None:

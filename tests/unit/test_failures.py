@@ -175,6 +175,28 @@ def test_failed_ranks_do_not_wait_for_each_other(tmp_path):
     assert a.linger() < 3.0 and b.linger() < 3.0
 
 
+def test_an_error_after_explaining_another_ranks_failure_does_not_linger(tmp_path):
+    """Seen in a kept flight record: a remote rank explained Horovod's shutdown (rank 0 had
+    failed), then its print to the closed ssh session raised BrokenPipeError, which it reported
+    as its own failure and lingered the whole bound for marks that nobody would leave."""
+    board = DirBoard(str(tmp_path / "b"))
+    first = FailureReporter(lambda: 0, board, get_size=lambda: 3, linger_s=10.0)
+    first.rank()
+    first._size = 3
+    first.report(ValueError("the cause"), "x")
+    late = FailureReporter(lambda: 2, board, get_size=lambda: 3, shutdown=lambda: None, linger_s=10.0)
+    late.rank()
+    late._size = 3
+    assert "rank 0" in str(late.explained(RuntimeError(SHUT)))
+    late.report(BrokenPipeError("[Errno 32] Broken pipe"), "print")
+    t0 = time.monotonic()
+    assert late.linger() == 0.0 and time.monotonic() - t0 < 1.0
+    assert [r["rank"] for r in first.reports()] == [2]  # its report is still on the board
+    # a rank that explained nothing lingers as before
+    alone = _failed_rank(DirBoard(str(tmp_path / "c")), linger_s=0.3, calls=[])
+    assert alone.linger() >= 0.3
+
+
 class _Store(http.server.BaseHTTPRequestHandler):
     """The two verbs of horovodrun's rendezvous store that the board uses."""
     data = {}
