@@ -144,7 +144,8 @@ def worker(a):
             opt = hvd.OuterOptimizer(adamw(m.parameters()), named_parameters=named(m, label), sync_every=spec["H"],
                                      compression=spec["codec"], fragments=spec.get("K", 1), delay=spec.get("tau", 0),
                                      warmup_steps=spec.get("W", W), outer_lr=spec.get("lr", 0.7),
-                                     outer_momentum=spec.get("momentum", 0.9), nesterov=spec.get("momentum", 0.9) > 0)
+                                     outer_momentum=spec.get("momentum", 0.9), nesterov=spec.get("momentum", 0.9) > 0,
+                                     warmup_compression=spec.get("warm", "none"))
             os.environ.pop("HVDP_OVERLAP")
             return tta.Run(label, "outer", m, opt, m, T, spec["codec"], sz)
         if kind == "ddp":

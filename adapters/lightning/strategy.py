@@ -27,7 +27,7 @@ class HorovodStrategy(ParallelStrategy):
     ``sparse_as_dense``, ``gradient_predivide_factor``, ``compile_codecs``, ``hierarchical``,
     ``uneven_inputs``); with ``sync_every=H`` those of ``hvdp.torch.OuterOptimizer`` instead
     (``outer_lr``, ``outer_momentum``, ``nesterov``, ``fragments``, ``delay``, ``mix``,
-    ``warmup_steps``, ``policy``): outer steps, gradients accumulate locally, no per-step
+    ``warmup_steps``, ``warmup_compression``, ``policy``): outer steps, gradients accumulate locally, no per-step
     reduction. ``backward_passes_per_step`` follows the Trainer's
     ``accumulate_grad_batches`` under automatic optimization; under manual optimization give it
     here when ``training_step`` calls ``manual_backward`` several times per ``opt.step()``.
