@@ -183,18 +183,22 @@ def report(results):
         lines += ["", f"**{rate}** (measured {gbit} Gbit/s), seeds {', '.join(str(r['seed']) for r in runs)}, each "
                   f"against its own fp32 DP loss x 1.01 from the loopback; compute only {compute} s/step; best DDP "
                   f"method (post-local SGD included) per seed: {named}", "",
-                  "| method | steps to target | seconds to target | / best DDP: median (range) | held-out loss at T "
-                  "| step (s, median) | MB/step/worker |", "|---|---|---|---|---|---|---|"]
+                  "| method | steps to target | seconds to target | / best DDP: median (range) | floor / best DDP "
+                  "| held-out loss at T | step (s, median) | MB/step/worker |", "|---|---|---|---|---|---|---|---|"]
+
+        def spread(xs):
+            return f"{statistics.median(xs):.3f} ({min(xs):.3f}–{max(xs):.3f})" if len(xs) == len(runs) else "—"
         for k in runs[0]["methods"]:
             rs = [r["methods"][k] for r in runs]
             secs = [r["seconds_to_target"] for r in rs]
-            ratios = [sec / b for sec, (_, b) in zip(secs, bests) if sec and b]
-            ratio = (f"{statistics.median(ratios):.3f} ({min(ratios):.3f}–{max(ratios):.3f})"
-                     if len(ratios) == len(rs) else "—")
+            ratio = spread([sec / b for sec, (_, b) in zip(secs, bests) if sec and b])
+            # the floor: its steps to target at the compute-only step (an exchange that costs nothing)
+            floor = spread([m["reached_step"] * r["compute_s"] / b for m, r, (_, b) in zip(rs, runs, bests)
+                            if m["reached_step"] and b])
             steps = ", ".join(str(r["reached_step"] or "—") for r in rs)
             seconds = ", ".join(f"{x:.1f}" if x else "not reached" for x in secs)
             finals = ", ".join(f"{r['final_loss']:.4f}" for r in rs)
-            lines.append(f"| {k} | {steps} | {seconds} | {ratio} | {finals} | "
+            lines.append(f"| {k} | {steps} | {seconds} | {ratio} | {floor} | {finals} | "
                          f"{statistics.median(r['step_median'] for r in rs):.4f} | "
                          f"{statistics.median(r['mb_per_step'] for r in rs):.3f} |")
     return "\n".join(lines) + "\n"

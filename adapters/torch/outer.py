@@ -37,7 +37,8 @@ class _OuterOptimizer(torch.optim.Optimizer):
 
     _hvdp_outer = True  # how hvd.elastic tells this class (made on the fly from the user's) apart
 
-    def __init__(self, params, named_parameters, outer, codec, hvd_compressor, policy, buffers, process_set):
+    def __init__(self, params, named_parameters, outer, codec, hvd_compressor, policy, buffers, process_set,
+                 warmup_codec=(None, None)):
         super(self.__class__, self).__init__(params)
         self._outer_settings, self._process_set = outer, process_set
         self._names = {id(p): k for k, p in named(self.param_groups, named_parameters)}
@@ -63,7 +64,7 @@ class _OuterOptimizer(torch.optim.Optimizer):
             self.engines.append(eng)
         self._warm_engine = None  # warmup_compression: the warm-up steps' own per-step reduction
         if outer.warmup_compression != "none":
-            wcodec, whvd = resolve(outer.warmup_compression)
+            wcodec, whvd = warmup_codec  # as resolved from the user's warmup_compression (its parameters kept)
             wrs = ReduceSettings.from_user(wcodec, whvd, policy, instance=instance,
                                            extra=(("outer", outer.describe()), ("phase", "warm-up")))
             wcomm = TorchCollectives(process_set, scope=f"hvdp.outer{instance}.warmup.")
@@ -71,7 +72,8 @@ class _OuterOptimizer(torch.optim.Optimizer):
                                        allgather_fixed(process_set), versions=VERSIONS, per_bucket_auto=False)
             self._warm_engine.set_layout([self._names.get(id(p), f"param.{i}") for i, p in enumerate(self._params)],
                                          [tuple(p.shape) for p in self._params],
-                                         [p.is_floating_point() for p in self._params])
+                                         [p.is_floating_point() for p in self._params],
+                                         tensors=entries, at_creation=True)  # the ranks agree on its codec too
         self.outer = None  # made at the first step, from the parameters as broadcast by then
         # from the gradient hooks: a sync's join control, a streaming fragment's next phase
         self._overlap = overlap() and (getattr(process_set, "process_set_id", 0) or 0) == 0
@@ -270,8 +272,9 @@ def OuterOptimizer(optimizer, named_parameters=None, sync_every=None, outer_lr=0
     if hierarchical:
         raise ValueError(HIERARCHICAL_REFUSAL)
     codec, hvd_compressor = outer_codec(resolve(compression), "compression", compression)
-    warm = outer_codec(resolve(warmup_compression), "warmup_compression", warmup_compression)[0].name
-    outer = OuterSettings(sync_every, outer_lr, outer_momentum, nesterov, fragments, delay, mix, warmup_steps, warm)
+    warm = outer_codec(resolve(warmup_compression), "warmup_compression", warmup_compression)
+    outer = OuterSettings(sync_every, outer_lr, outer_momentum, nesterov, fragments, delay, mix, warmup_steps,
+                          warm[0].name)
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_OuterOptimizer.__dict__))
     return cls(optimizer.param_groups, named_parameters, outer, codec, hvd_compressor, policy,
-               list(buffers) if buffers is not None else None, process_set)
+               list(buffers) if buffers is not None else None, process_set, warm)
