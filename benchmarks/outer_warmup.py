@@ -1,9 +1,10 @@
 """Outer steps after synchronous warm-up steps (issue 35): how much of the held-out loss that
 outer steps lose at outer_tta.py's horizon does a warm-up of W synchronous steps win back? A stage
-beside ``outer_tta.py`` (the same GPT, data, horizon T = 320 and worker), on the unthrottled
-loopback only: the losses do not depend on the link.
+beside ``outer_tta.py`` (the same GPT, data, horizon T = 320 and worker): the losses on the
+unthrottled loopback (they do not depend on the link), then the time to target at 100 and
+10 Mbit/s, with the warm-up in float32 and through int4 (``warmup_compression``).
 
-    python benchmarks/outer_warmup.py [--seeds N] [--report-only]
+    python benchmarks/outer_warmup.py [--seeds N] [--links 100mbit,10mbit] [--report-only]
     # -> results/outer_warmup.json, outer_warmup.md
 
 Per seed (initial weights and batches), taking turns step by step in the same processes: fp32 DP
@@ -115,7 +116,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--report-only", action="store_true")
-    ap.add_argument("--links", default="100mbit", help="throttled links for the time to target, seed 0 ('': none)")
+    ap.add_argument("--links", default="100mbit,10mbit", help="throttled links for the time to target ('': none)")
     ap.add_argument("--link-seeds", type=int, default=3, help="seeds on each throttled link (default 3)")
     ap.add_argument("--links-only", action="store_true",
                     help="keep the JSON's loss study and the link runs it has; run the missing seeds")
