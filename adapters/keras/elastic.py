@@ -146,16 +146,16 @@ class KerasState(ObjectState):
         shared = None
         if loop is not None:  # rank 0's is the one that counts
             shared = {k: v for k, v in _host(loop.state(drop_in_flight=True)).items() if k != "engines"}
-            shared["engine_steps"] = [e.step for e in outer.engines]
+            shared["engine_steps"] = [e.step for e in outer.every_engine()]
         shared = _hvd.broadcast_object(shared, root_rank=0, name="hvdp.outer.elastic.state")
         if shared is None:  # rank 0 has not stepped yet: nor has anyone
             outer.forget()
             return
         if loop is None:  # a new rank: residuals from zero
             outer.build(self.model.trainable_variables)
-            own = [{"step": 0, "reducer": None} for _ in outer.engines]
+            own = [{"step": 0, "reducer": None} for _ in outer.every_engine()]
         else:
-            own = _host([e.state() for e in outer.engines])
+            own = _host([e.state() for e in outer.every_engine()])
         for st, step in zip(own, shared.pop("engine_steps")):  # rank 0's count (a policy warm-up
             st["step"] = step  # must end on every rank at once)
         outer.check_agreement()

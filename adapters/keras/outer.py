@@ -107,15 +107,17 @@ class KerasOuter:
 
     def abort(self) -> None:
         """Drop a failed sync's reductions (an elastic reset: Horovod's handles are gone)."""
-        for eng in self._every_engine():
+        for eng in self.every_engine():
             eng.abort()
 
     def relayout(self) -> None:
         """The engines' residual stores at the current number of workers (after a resize)."""
-        for eng in self._every_engine():
+        for eng in self.every_engine():
             eng.relayout()
 
-    def _every_engine(self):
+    def every_engine(self):
+        """The fragments' engines and the warm-up's (``warmup_compression``), in the order of
+        ``OuterLoop.state()["engines"]``."""
         return self.engines + ([self.warm_reducer.engine] if self.warm_reducer is not None else [])
 
     def check_agreement(self) -> None:
@@ -129,10 +131,11 @@ class KerasOuter:
         if self.warming is not None:
             self.warming.set(self.loop.warming_up)
 
-    def average_if_warming(self, grads, variables, token=None):
+    def average_if_warming(self, grads, variables, token=None, step=None):
         """``grads`` (of ``variables``) averaged over the ranks where the step running is a
         warm-up step, else as they are (decided as the step runs: after ``token``, the first
-        step's ``before_step``)."""
+        step's ``before_step``). ``step``: the optimizer's iterations, for the policy's own
+        uncompressed steps (as ``hvd.DistributedOptimizer``'s)."""
         if self.warming is None or not any(g is not None for g in grads):
             return grads
         held = [i for i, g in enumerate(grads) if g is not None]
@@ -144,7 +147,7 @@ class KerasOuter:
             self._build_warm_reducer(variables)
 
             def run():
-                out = red.reduce(list(grads))
+                out = red.reduce(list(grads), step)
                 return [out[i] for i in held]
         out = self.warming.when(run, [grads[i] for i in held], token)
         grads = list(grads)
@@ -254,7 +257,7 @@ class _Outer:
             variables = list(self._trainable_variables)
         B.refuse_xla("hvd.OuterOptimizer's step is", "compile the model with jit_compile=False")
         started = None if outer.loop is not None else B.eager_call(lambda: outer.before_step(variables), variables)
-        grads = outer.average_if_warming(list(grads), variables, started)
+        grads = outer.average_if_warming(list(grads), variables, started, self.iterations)
         out = B.run_after(started, lambda: parent.apply(grads, variables))
         B.eager_call(outer.after_step, variables)
         return out

@@ -130,7 +130,7 @@ class _OuterHandler(_OptimizerHandler):
         self._size = self.value.engines[0].comm.size  # the residuals' number of workers
 
     def _clear(self):
-        for eng in self.value.engines:  # a failed sync's reductions; Horovod's handles are gone
+        for eng in self.value.every_engine():  # a failed sync's reductions; Horovod's handles are gone
             eng.abort()
         self.value._join.reset()  # a join control begun before the failure
 
@@ -152,7 +152,8 @@ class _OuterHandler(_OptimizerHandler):
         if loop is not None:
             mine = {k: v for k, v in loop.state(drop_in_flight=True).items()
                     if k not in ("globals", "momentum", "engines")}
-            mine.update(has_momentum=[m is not None for m in loop.momentum], engine_steps=[e.step for e in opt.engines])
+            mine.update(has_momentum=[m is not None for m in loop.momentum],
+                        engine_steps=[e.step for e in opt.every_engine()])
         meta = _hvd.broadcast_object(mine, 0, name="hvdp.outer.elastic.meta")
         inner = _hvd.broadcast_object(super(type(opt), opt).state_dict(), 0, name="hvdp.outer.elastic.inner")
         if meta is None:  # rank 0 has not stepped yet: nor has anyone
@@ -167,7 +168,7 @@ class _OuterHandler(_OptimizerHandler):
                    [(f"hvdp.outer.elastic.m{i}", m) for i, m in enumerate(moms) if m is not None], 0,
                    comm.process_set)
         steps = meta.pop("engine_steps")
-        own = [e.state() if loop is not None else {"reducer": None} for e in opt.engines]
+        own = [e.state() if loop is not None else {"reducer": None} for e in opt.every_engine()]
         for st, step in zip(own, steps):  # rank 0's count (a policy warm-up must end on every rank at once)
             st["step"] = step
             if isinstance(st.get("reducer"), dict) and "size" in st["reducer"]:

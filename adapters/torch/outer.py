@@ -137,7 +137,7 @@ class _OuterOptimizer(torch.optim.Optimizer):
             size = eng.comm.size
             joined = size > 1 and self._active() < size  # the join control begun in the backward
             eng.begin_step(grads[0])
-            out = eng.reduce(grads, True, joined=joined)
+            out = eng.reduce(grads, eng.compressing, joined=joined)  # after the policy's own float32 steps
             eng.end_step()
             for p, g in zip(self._params, out):
                 if p.grad is not None:
@@ -148,6 +148,11 @@ class _OuterOptimizer(torch.optim.Optimizer):
                    for i, p in enumerate(self._params) if p.grad is not None]
         for h in handles:
             comm.wait(h)
+
+    def every_engine(self):
+        """The fragments' engines and the warm-up's (``warmup_compression``), in the order of
+        ``OuterLoop.state()["engines"]``."""
+        return self.engines + ([self._warm_engine] if self._warm_engine is not None else [])
 
     def _fragment_of(self, i):
         return next(f for f, idx in enumerate(self._fragments) if i in idx)

@@ -338,8 +338,8 @@ def check_warmup_codec():
     hvd.DistributedOptimizer(compression="int8")'s after the same steps (the same engine and
     codec: the same bits), every rank the same, the warm-up's bytes in compression_stats(); a
     checkpoint in the middle of the warm-up (its residuals saved) resumes to the uninterrupted
-    run's bits."""
-    pol = hvd.CompressionPolicy(min_elements=1)
+    run's bits. The policy's own first step is float32 in both (its warmup_steps)."""
+    pol = hvd.CompressionPolicy(min_elements=1, warmup_steps=1)
 
     def make():
         model = make_model()
@@ -357,8 +357,9 @@ def check_warmup_codec():
     dp.fit(x[:W * PER_WORKER], y[:W * PER_WORKER], batch_size=PER_WORKER, epochs=1, shuffle=False, verbose=0)
     diff = max(float(np.max(np.abs(a - b))) for a, b in zip(model.get_weights(), dp.get_weights()))
     assert diff == 0.0, f"the int8 warm-up differs from hvd.DistributedOptimizer(compression='int8'): {diff:.3g}"
-    warm = model.optimizer.compression_stats()["warmup"]["total"]["all"]
-    assert 0 < warm["sent"] < 0.4 * warm["fp32"], warm  # int8: about a quarter of float32
+    warm = model.optimizer.compression_stats()["warmup"]
+    last, total = warm["last_step"]["all"], warm["total"]["all"]  # the last step int8, the first ones float32
+    assert 0 < last["sent"] < 0.4 * last["fp32"] and last["sent"] < total["sent"] < total["fp32"], warm
     resume_and_compare(make, 2, 10, "warm_int8", "the warm-up count and residuals")
 
 

@@ -165,10 +165,11 @@ def check_warmup_post_local_sgd():
 
 def check_warmup_codec():
     """warmup_compression="int8": the W warm-up steps are hvd.DistributedOptimizer(compression=
-    "int8")'s steps (the same bits: the same engine, codec and residuals), every rank the same
+    "int8")'s steps (the same bits: the same engine, codec, residuals and the policy's own
+    float32 steps first), every rank the same
     after them, the warm-up's bytes in compression_stats(); a checkpoint in the middle of the
     warm-up (its residuals saved) resumes to the uninterrupted run's bits at step 14."""
-    W, pol = 5, hvd.CompressionPolicy(min_elements=1)
+    W, pol = 5, hvd.CompressionPolicy(min_elements=1, warmup_steps=2)  # the policy's own 2 float32 steps first
 
     def make():
         model, x, y = model_and_data()
@@ -185,8 +186,9 @@ def check_warmup_codec():
     worst = max((p - q).abs().max().item() for p, q in zip(model.parameters(), dp_model.parameters()))
     assert worst == 0.0, f"the int8 warm-up differs from hvd.DistributedOptimizer(compression='int8'): {worst:.3g}"
     same_on_every_rank(model, "warm")
-    warm = opt.compression_stats()["warmup"]["total"]["all"]
-    assert 0 < warm["sent"] < 0.4 * warm["fp32"], warm  # int8: about a quarter of float32
+    warm = opt.compression_stats()["warmup"]
+    last, total = warm["last_step"]["all"], warm["total"]["all"]  # the last step int8, the first ones float32
+    assert 0 < last["sent"] < 0.4 * last["fp32"] and last["sent"] < total["sent"] < total["fp32"], warm
     # a checkpoint after step 3 of the 5 warm-up steps
     model, opt, x, y = make()
     train(model, opt, x, y, 3)
