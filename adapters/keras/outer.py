@@ -24,7 +24,8 @@ import keras
 import numpy as np
 
 from hvdp.outer import HIERARCHICAL_REFUSAL, OuterLoop, OuterSettings, outer_codec
-from hvdp.outer.loop import split, stats
+from hvdp.outer.loop import split
+from hvdp.outer.stats import stats
 from hvdp.reduce.collectives import AVERAGE
 from hvdp.reduce.engine import Engine
 from hvdp.reduce.settings import ReduceSettings
@@ -138,6 +139,8 @@ class KerasOuter:
         uncompressed steps (as ``hvd.DistributedOptimizer``'s)."""
         if self.warming is None or not any(g is not None for g in grads):
             return grads
+        if self.loop is not None and not self.loop.warming_up and not B.tracing():
+            return grads  # a step run eagerly after the warm-up (the torch backend's every step)
         held = [i for i, g in enumerate(grads) if g is not None]
         red = self.warm_reducer
         if red is None:

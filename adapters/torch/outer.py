@@ -14,7 +14,8 @@ import torch
 
 from hvdp.config import overlap
 from hvdp.outer import HIERARCHICAL_REFUSAL, OuterLoop, OuterSettings, outer_codec
-from hvdp.outer.loop import split, stats
+from hvdp.outer.loop import split
+from hvdp.outer.stats import stats
 from hvdp.reduce.collectives import AVERAGE, SUM
 from hvdp.reduce.engine import Engine
 from hvdp.reduce.settings import ReduceSettings

@@ -8,7 +8,8 @@ moves the global parameters, from which every worker continues.
 
 - ``settings``: :class:`OuterSettings` (frozen, checked);
 - ``loop``: :class:`OuterLoop`, the framework-free layer over one engine per fragment that an
-  adapter calls after every inner step.
+  adapter calls after every inner step;
+- ``stats``: what an outer-step optimizer's ``compression_stats()`` returns.
 """
 from .loop import OuterLoop
 from .settings import HIERARCHICAL_REFUSAL, OuterSettings, outer_codec
