@@ -39,6 +39,8 @@ def main():
     p.add_argument("--log-dir", help="audit log of committed steps, and pid files")
     p.add_argument("--step-sleep", type=float, default=0.0, help="seconds per step (for demos/tests)")
     p.add_argument("--outer-every", type=int, default=0, help="H: outer steps every H inner steps (0: off)")
+    p.add_argument("--warmup-steps", type=int, default=0, help="W: synchronous steps before the outer steps")
+    p.add_argument("--warmup-compression", default="none", help="the warm-up steps' codec")
     p.add_argument("--die-at", type=int, default=0, help="commit after which the worker on --die-host dies")
     p.add_argument("--die-host", default="127.0.0.1")
     p.add_argument("--checkpoint", help="hvd.save_checkpoint to this path every --checkpoint-every commits")
@@ -54,7 +56,8 @@ def main():
     if args.outer_every:
         opt = hvd.OuterOptimizer(torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9),
                                  named_parameters=model.named_parameters(), sync_every=args.outer_every,
-                                 compression=args.compression)
+                                 compression=args.compression, warmup_steps=args.warmup_steps,
+                                 warmup_compression=args.warmup_compression)
     else:
         opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=args.lr * hvd.size(), momentum=0.9),
                                        named_parameters=model.named_parameters(), compression=args.compression)
@@ -73,7 +76,7 @@ def main():
         loop = getattr(opt, "outer", None)
         if loop is None:
             return None
-        return {"outer": {"step": loop.step, "outer_steps": list(loop.outer_steps),
+        return {"outer": {"step": loop.step, "warm": loop.warm, "outer_steps": list(loop.outer_steps),
                           "globals": digest([g.numpy() for g in loop.globals])}}
 
     @hvd.elastic.run

@@ -26,7 +26,7 @@ def wrap_optimizers(module: torch.nn.Module, optimizers: List[torch.optim.Optimi
                  for j, p in enumerate(q for g in opt.param_groups for q in g["params"])]
         if kwargs.get("sync_every") is not None:  # outer steps: local inner steps, a sync every H
             new = hvd.OuterOptimizer(opt, named_parameters=named, buffers=module.named_buffers() if i == 0 else None,
-                                     **kwargs)
+                                     backward_passes_per_step=backward_passes, **kwargs)
         else:
             new = hvd.DistributedOptimizer(opt, named_parameters=named, backward_passes_per_step=backward_passes,
                                            **kwargs)

@@ -6,6 +6,7 @@ import hvdp.torch as hvd
 import lightning.pytorch as pl
 import torch
 from hvdp.torch.optimizer import is_distributed
+from hvdp.torch.outer import is_outer_class
 from lightning.fabric.utilities.optimizer import _optimizer_to_device, _optimizers_to_device
 from lightning.pytorch.core.optimizer import LightningOptimizer
 from lightning.pytorch.strategies.parallel import ParallelStrategy
@@ -165,7 +166,7 @@ class HorovodStrategy(ParallelStrategy):
     def teardown(self) -> None:
         # a later Trainer over the same module makes new optimizers; these must stop reducing
         for opt in self.optimizers:
-            if is_distributed(opt):
+            if is_distributed(opt) or is_outer_class(type(opt)):
                 opt.remove_hooks()
         super().teardown()
 

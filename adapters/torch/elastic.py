@@ -130,9 +130,7 @@ class _OuterHandler(_OptimizerHandler):
         self._size = self.value.engines[0].comm.size  # the residuals' number of workers
 
     def _clear(self):
-        for eng in self.value.every_engine():  # a failed sync's reductions; Horovod's handles are gone
-            eng.abort()
-        self.value._join.reset()  # a join control begun before the failure
+        self.value.abort_step()  # a failed step's reductions and join control; Horovod's handles are gone
 
     def restore(self):
         self._clear()
@@ -140,6 +138,7 @@ class _OuterHandler(_OptimizerHandler):
         self.value.load_state_dict(copy.deepcopy(saved))
         if "hvdp_outer" not in saved:  # committed before the first step
             self.value.outer = None
+        self.value._follow_warmup()
 
     def sync(self):
         opt = self.value
@@ -159,6 +158,7 @@ class _OuterHandler(_OptimizerHandler):
         if meta is None:  # rank 0 has not stepped yet: nor has anyone
             opt.load_state_dict(inner)
             opt.outer = None
+            opt._follow_warmup()
             return
         params = [p for g in opt.param_groups for p in g["params"]]
         globs = loop.globals if loop is not None else [torch.zeros_like(p, dtype=torch.float32) for p in params]

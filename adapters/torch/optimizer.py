@@ -70,7 +70,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         OPTIMIZERS.add(self)
         # Like Horovod, a single worker skips the hooks, except that a real codec still applies
         # (so its effect can be seen and tested on one worker).
-        if comm.size > 1 or elastic_mode() or settings.codec_name not in ("none", "horovod"):
+        self._wants_hooks = comm.size > 1 or elastic_mode() or settings.codec_name not in ("none", "horovod")
+        if self._wants_hooks:
             self._register_hooks()
 
     # --- set-up -----------------------------------------------------------------------------
@@ -262,11 +263,20 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return super(_made(self), self).step(closure)
 
     def zero_grad(self, set_to_none=True):
+        self.check_idle()
+        return super(_made(self), self).zero_grad(set_to_none=set_to_none)
+
+    def check_idle(self) -> None:
+        """Raise where this step's reductions are in flight (``zero_grad`` would race with them)."""
         if self._handles or self.engine.in_flight:
             raise AssertionError("optimizer.zero_grad() between loss.backward() and optimizer.step() "
                                  "(or synchronize()) would race with the gradient reduction; call it "
                                  "before backward or after step")
-        return super(_made(self), self).zero_grad(set_to_none=set_to_none)
+
+    @property
+    def in_step(self) -> bool:
+        """Whether this step's reduction has begun (a gradient hook ran since the last step)."""
+        return not self._fresh
 
     # --- hvdp additions ---------------------------------------------------------------------
     def remove_hooks(self) -> None:
@@ -275,6 +285,15 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         for h in self._hooks:
             h.remove()
         self._hooks, self._hooked = [], set()
+
+    def set_hooks(self, on: bool) -> None:
+        """Reduce from the gradient hooks (``on``; where this optimizer reduces at all: more than
+        one worker, elastic, or a codec) or not (``hvd.OuterOptimizer``'s warm-up reducer after
+        the warm-up; ``synchronize`` then does nothing)."""
+        if not on:
+            self.remove_hooks()
+        elif self._wants_hooks and not self._hooks:
+            self._register_hooks()
 
     def check_agreement(self):
         """Raise the same error on every rank unless all ranks reduce the same tensors the same

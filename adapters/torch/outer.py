@@ -16,7 +16,7 @@ from hvdp.config import overlap
 from hvdp.outer import HIERARCHICAL_REFUSAL, OuterLoop, OuterSettings, outer_codec
 from hvdp.outer.loop import split
 from hvdp.outer.stats import stats
-from hvdp.reduce.collectives import AVERAGE, SUM
+from hvdp.reduce.collectives import SUM
 from hvdp.reduce.engine import Engine
 from hvdp.reduce.settings import ReduceSettings
 
@@ -26,7 +26,7 @@ from .join import OUTER, StepControl
 from .compression import resolve
 from .layout import agreement_entries, named
 from .ops import TorchOps
-from .optimizer import weak_hook
+from .optimizer import _DistributedOptimizer, weak_hook
 from .plain import TorchPlain
 from .tensors import broadcast_
 
@@ -39,7 +39,7 @@ class _OuterOptimizer(torch.optim.Optimizer):
     _hvdp_outer = True  # how hvd.elastic tells this class (made on the fly from the user's) apart
 
     def __init__(self, params, named_parameters, outer, codec, hvd_compressor, policy, buffers, process_set,
-                 warmup_codec=(None, None)):
+                 warmup_codec=(None, None), backward_passes=1):
         super(self.__class__, self).__init__(params)
         self._outer_settings, self._process_set = outer, process_set
         self._names = {id(p): k for k, p in named(self.param_groups, named_parameters)}
@@ -63,18 +63,11 @@ class _OuterOptimizer(torch.optim.Optimizer):
                            [tuple(p.shape) for p in ps], [p.is_floating_point() for p in ps],
                            tensors=entries if f == 0 else None, at_creation=True)
             self.engines.append(eng)
-        self._warm_engine = None  # warmup_compression: the warm-up steps' own per-step reduction
-        if outer.warmup_compression != "none":
-            wcodec, whvd = warmup_codec  # as resolved from the user's warmup_compression (its parameters kept)
-            wrs = ReduceSettings.from_user(wcodec, whvd, policy, instance=instance,
-                                           extra=(("outer", outer.describe()), ("phase", "warm-up")))
-            wcomm = TorchCollectives(process_set, scope=f"hvdp.outer{instance}.warmup.")
-            self._warm_engine = Engine(wrs, _OPS, wcomm, TorchPlain(wcomm, wrs.op, 1.0, whvd),
-                                       allgather_fixed(process_set), versions=VERSIONS, per_bucket_auto=False)
-            self._warm_engine.set_layout([self._names.get(id(p), f"param.{i}") for i, p in enumerate(self._params)],
-                                         [tuple(p.shape) for p in self._params],
-                                         [p.is_floating_point() for p in self._params],
-                                         tensors=entries, at_creation=True)  # the ranks agree on its codec too
+        # the warm-up steps' reduction: an hvd.DistributedOptimizer of its own (its gradient hooks
+        # start each bucket's exchange during backward), with warmup_compression's codec; its
+        # residuals travel with the outer state (OuterLoop's warmup_engine) where it has any
+        self._warm = self._warmup_reducer(warmup_codec, policy, backward_passes) if outer.warmup else None
+        self._warm_engine = self._warm.engine if outer.warmup_compression != "none" else None
         self.outer = None  # made at the first step, from the parameters as broadcast by then
         # from the gradient hooks: a sync's join control, a streaming fragment's next phase
         self._overlap = overlap() and (getattr(process_set, "process_set_id", 0) or 0) == 0
@@ -83,6 +76,25 @@ class _OuterOptimizer(torch.optim.Optimizer):
         REPORTER.install()
         OUTER.add(self)
 
+    def _warmup_reducer(self, codec, policy, backward_passes):
+        """The reducer of the warm-up steps: ``hvd.DistributedOptimizer`` over the same parameters
+        that never steps (``synchronize`` writes the averages into ``.grad``; the user's optimizer
+        steps); the ranks agree on its settings when it is made."""
+        codec, hvd_compressor = codec
+        settings = ReduceSettings.from_user(codec, hvd_compressor, policy, backward_passes=backward_passes,
+                                            instance=next_instance(self._process_set),
+                                            extra=(("outer", self._outer_settings.describe()), ("phase", "warm-up")))
+        cls = type("OuterWarmup", (_GradientsOnly,), dict(_DistributedOptimizer.__dict__))
+        named_params = [(self._names.get(id(p), f"param.{i}"), p) for i, p in enumerate(self._params)]
+        return cls([{"params": list(g["params"])} for g in self.param_groups], named_params, settings, hvd_compressor,
+                   None, self._process_set)
+
+    def _follow_warmup(self) -> None:
+        """The warm-up reducer's hooks on while the next step is a warm-up step, off after it (on
+        again where a restore goes back into the warm-up)."""
+        if self._warm is not None:
+            self._warm.set_hooks(self.outer is None or self.outer.warming_up)
+
     def _progress(self, _param=None):
         """From a gradient hook, while the inner step's backward goes on: where this step ends
         with a sync, its join control is submitted (``step()`` then finds it summed); every
@@ -90,8 +102,7 @@ class _OuterOptimizer(torch.optim.Optimizer):
         loop = self.outer
         if loop is None:
             return
-        begin = (not self._join.begun and self._comm.size > 1
-                 and (loop.syncs_next() or (self._warm_engine is not None and loop.warming_up)))
+        begin = not self._join.begun and self._comm.size > 1 and loop.syncs_next()
         if not (begin or loop.in_flight):  # most hooks of most steps: nothing to do
             return
         with torch.no_grad(), REPORTER.explaining():
@@ -112,43 +123,48 @@ class _OuterOptimizer(torch.optim.Optimizer):
         return n
 
     def step(self, closure=None):
-        """The inner step (the user's optimizer, local), then the outer loop's syncs due now."""
+        """The inner step (the user's optimizer, local), then the outer loop's syncs due now. A
+        warm-up step first averages the gradients (those its ``closure``, where given, makes)."""
         if self.outer is None:
             self.outer = self._new_loop()
+        loss = None
         if self.outer.warming_up:
-            self._average_gradients()
-        loss = super(self.__class__, self).step(closure)
+            if closure is not None:  # Lightning's step: forward and backward inside; their gradients
+                with torch.enable_grad():
+                    loss = closure()
+                closure = None
+            self._warm.synchronize()
+        out = super(self.__class__, self).step(closure)
         with torch.no_grad(), REPORTER.explaining():
             landed = self.outer.after_step([p.detach() for p in self._params])
             for i, value in landed:
                 self._params[i].copy_(value)
             if landed and self._buffers and 0 in {self._fragment_of(i) for i, _ in landed}:
                 self._average_buffers()
-        return loss
+        self._follow_warmup()
+        return out if loss is None else loss
 
-    @torch.no_grad()
-    def _average_gradients(self):
-        """A synchronous warm-up step: every gradient averaged over the ranks (float32 by Horovod's
-        allreduce; with ``warmup_compression``, through the warm-up engine: the two-phase
-        reduction with its residuals, or float32 where a rank has joined, as
-        ``hvd.DistributedOptimizer``'s steps)."""
-        eng = self._warm_engine
-        if eng is not None:
-            grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self._params]
-            size = eng.comm.size
-            joined = size > 1 and self._active() < size  # the join control begun in the backward
-            eng.begin_step(grads[0])
-            out = eng.reduce(grads, eng.compressing, joined=joined)  # after the policy's own float32 steps
-            eng.end_step()
-            for p, g in zip(self._params, out):
-                if p.grad is not None:
-                    p.grad.copy_(g)
-            return
-        comm = self.engines[0].comm  # recorded in the flight record, waits under the watchdog
-        handles = [comm.allreduce_async(p.grad, f"hvdp.warmup.{i}", AVERAGE)
-                   for i, p in enumerate(self._params) if p.grad is not None]
-        for h in handles:
-            comm.wait(h)
+    def zero_grad(self, set_to_none=True):
+        if self._warm is not None:  # a warm-up step's reductions in flight
+            self._warm.check_idle()
+        return super(self.__class__, self).zero_grad(set_to_none=set_to_none)
+
+    def abort_step(self):
+        """Drop every reduction in flight (the fragments', the warm-up's) and the join control:
+        a failed step (elastic reset)."""
+        for eng in self.engines:
+            eng.abort()
+        if self._warm is not None:
+            self._warm.abort_step()
+        self._join.reset()
+
+    def remove_hooks(self) -> None:
+        """Stop reducing from the gradient hooks (a training framework calls it when its run ends)."""
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+        if self._warm is not None:
+            self._warm.remove_hooks()
 
     def every_engine(self):
         """The fragments' engines and the warm-up's (``warmup_compression``), in the order of
@@ -174,8 +190,11 @@ class _OuterOptimizer(torch.optim.Optimizer):
         second phase this rank would never send."""
         if self._join.begun:
             return ("hvd.join() was called between the backward and the step() of an inner step that ends with "
-                    "an outer sync or averages its gradients with warmup_compression (its join control is already "
-                    "sent: the other ranks count this rank in). Fix: "
+                    "an outer sync (its join control is already sent: the other ranks count this rank in). Fix: "
+                    "call hvd.join() after opt.step(), where the training loop runs out of data")
+        if self._warm is not None and self._warm.in_step:
+            return ("hvd.join() was called between the backward and the step() of a warm-up step (its gradients' "
+                    "reduction is already under way: the other ranks count this rank in). Fix: "
                     "call hvd.join() after opt.step(), where the training loop runs out of data")
         if self.outer is not None and self.outer.in_flight:
             return (f"hvd.join() was called while hvd.OuterOptimizer has a fragment in flight (delay="
@@ -203,6 +222,7 @@ class _OuterOptimizer(torch.optim.Optimizer):
         items += [(f"hvdp.outer.join.g{i}", g) for i, g in enumerate(loop.globals)]
         items += [(f"hvdp.outer.join.m{i}", m) for i, m in enumerate(loop.momentum) if m is not None]
         broadcast_(items, root, self._process_set)
+        self._follow_warmup()
 
     def check_agreement(self):
         """Raise the same error on every rank unless all ranks reduce the same tensors with the
@@ -239,6 +259,14 @@ class _OuterOptimizer(torch.optim.Optimizer):
             with torch.no_grad():
                 for i, p in enumerate(self._params):
                     p.copy_(local[i] if local is not None else self.outer.globals[i])
+        self._follow_warmup()
+
+
+class _GradientsOnly(torch.optim.Optimizer):
+    """The base of the warm-up's reducer: an optimizer over the parameters without a step."""
+
+    def __init__(self, params):
+        super().__init__(params, {})
 
 
 def is_outer_class(cls) -> bool:
@@ -248,7 +276,8 @@ def is_outer_class(cls) -> bool:
 
 def OuterOptimizer(optimizer, named_parameters=None, sync_every=None, outer_lr=0.7, outer_momentum=0.9,
                    nesterov=True, compression="none", fragments=1, delay=0, mix=0.0, warmup_steps=0, policy=None,
-                   buffers=None, hierarchical=False, process_set=_hvd.global_process_set, warmup_compression="none"):
+                   buffers=None, hierarchical=False, process_set=_hvd.global_process_set, warmup_compression="none",
+                   backward_passes_per_step=1):
     """Outer steps around ``optimizer`` (DiLoCo; local SGD with ``outer_lr=1, outer_momentum=0``).
 
     Args:
@@ -268,6 +297,9 @@ def OuterOptimizer(optimizer, named_parameters=None, sync_every=None, outer_lr=0
         policy: an ``hvdp.CompressionPolicy`` (which tensors are compressed).
         buffers: ``model.named_buffers()``: float buffers averaged at the first fragment's syncs.
         hierarchical: refused (True): outer steps reduce over every rank at once.
+        backward_passes_per_step: backward passes per ``step()`` in the warm-up (gradient
+            accumulation; as ``hvd.DistributedOptimizer``'s: its reduction starts from the hooks
+            of the last pass). The intervals' inner steps accumulate as they like.
 
     Example::
 
@@ -283,4 +315,4 @@ def OuterOptimizer(optimizer, named_parameters=None, sync_every=None, outer_lr=0
                           warm[0].name)
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_OuterOptimizer.__dict__))
     return cls(optimizer.param_groups, named_parameters, outer, codec, hvd_compressor, policy,
-               list(buffers) if buffers is not None else None, process_set, warm)
+               list(buffers) if buffers is not None else None, process_set, warm, backward_passes_per_step)

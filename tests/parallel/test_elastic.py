@@ -77,12 +77,12 @@ OUTER_EPOCHS = 2
 OUTER_LR = 0.03  # inner SGD, momentum 0.9, batch 16 per worker
 
 
-def outer_run(work, die_at, script="torch_elastic.py"):
+def outer_run(work, die_at, script="torch_elastic.py", more=()):
     """An elastic example with outer steps on 3 workers; the worker on 127.0.0.1 kills itself
     (SIGKILL) right after commit ``die_at``. One more run on the known Gloo abort (see
     test_fault_worker_killed_mid_epoch)."""
     script, env = script_env(script)
-    extra = ["--outer-every", str(OUTER_H), "--lr", str(OUTER_LR), "--die-at", str(die_at)]
+    extra = ["--outer-every", str(OUTER_H), "--lr", str(OUTER_LR), "--die-at", str(die_at), *more]
     for attempt in ("run", "retry"):
         rc, out, _ = eh.run(str(work / attempt), [(0, ["localhost:2", "127.0.0.1:1"])], np_=3,
                             epochs=OUTER_EPOCHS, extra=extra, timeout=300, script=script, env_extra=env)
@@ -197,7 +197,21 @@ def test_keras_outer_steps_worker_killed_mid_interval(tmp_path, script):
     assert finals[0]["test_accuracy"] >= 0.7 and finals[0]["test_loss"] <= 1.2, finals[0]
 
 
-def check_outer_chain(steps, finals, records, die_at):
+def test_outer_steps_worker_killed_in_an_int8_warmup(tmp_path):
+    """hvd.OuterOptimizer(warmup_steps=12, warmup_compression="int8"): a worker lost inside the
+    warm-up, whose steps reduce from the gradient hooks (reductions in flight at the kill); the
+    survivors go on from the last commit, the warm-up ends at step 12 of the committed chain."""
+    die_at, warm = 6, 12
+    steps, finals, records = outer_run(tmp_path, die_at, more=["--warmup-steps", str(warm),
+                                                               "--warmup-compression", "int8"])
+    before, after = check_outer_chain(steps, finals, records, die_at, warmup=warm)
+    print(f"\nouter steps, killed after commit {die_at} inside a warm-up of {warm} int8 steps: {len(steps)} committed "
+          f"steps ({len(before)} on 3 workers, {len(after)} on 2), {finals[0]['outer']['outer_steps'][0]} syncs; "
+          f"held-out loss {finals[0]['test_loss']:.4f} (accuracy {finals[0]['test_accuracy']:.4f})")
+    assert finals[0]["test_accuracy"] >= 0.7 and finals[0]["test_loss"] <= 1.2, finals[0]
+
+
+def check_outer_chain(steps, finals, records, die_at, warmup=0):
     """What both adapters must show after the kill: every rank's record of a commit holds the same
     outer state; 3 workers up to ``die_at``, 2 from the next commit on; no inner step lost or
     repeated; the global parameters came through the reset; the ranks end identical.
@@ -212,12 +226,13 @@ def check_outer_chain(steps, finals, records, die_at):
     assert before[-1]["commit"] == die_at and after and after[0]["commit"] == die_at + 1, \
         ([s["commit"] for s in before[-2:]], [s["commit"] for s in after[:2]])
     # no step lost or repeated by the outer loop: its inner step is the commit, its syncs step // H
-    for s in steps:
-        assert s["outer"]["step"] == s["commit"], s
-        assert s["outer"]["outer_steps"] == [s["commit"] // OUTER_H], s
+    for s in steps:  # (after the warm-up's steps, where there is one)
+        warm = min(s["commit"], warmup)
+        assert s["outer"].get("warm", 0) == warm and s["outer"]["step"] == s["commit"] - warm, s
+        assert s["outer"]["outer_steps"] == [(s["commit"] - warm) // OUTER_H], s
     # the global parameters came through the reset (the first step after it is no sync)
     assert after[0]["outer"]["globals"] == before[-1]["outer"]["globals"]
     # the end: every rank the same global parameters and counters (audit: the same final bits)
     assert len(finals) == 2 and len({repr(sorted(f["outer"].items())) for f in finals}) == 1
-    assert finals[0]["outer"]["step"] == steps[-1]["commit"]
+    assert finals[0]["outer"]["step"] == steps[-1]["commit"] - warmup
     return before, after

@@ -14,7 +14,7 @@ from conftest import WORKERS, checks_passed, horovodrun
 pytest.importorskip("lightning")
 pytestmark = pytest.mark.parallel
 
-CHECKS = ["same_as_plain_none", "same_as_plain_int8", "accumulate", "bf16_mixed", "outer", "manual",
+CHECKS = ["same_as_plain_none", "same_as_plain_int8", "accumulate", "bf16_mixed", "outer", "outer_warmup", "manual",
           "checkpoint_resume", "metrics", "refusals", "fabric"]
 
 

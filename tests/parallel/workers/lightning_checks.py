@@ -173,6 +173,23 @@ def check_outer():
     assert err == 0.0, f"outer steps resumed inside an interval vs uninterrupted: {err:.3g}"
 
 
+def check_outer_warmup():
+    """sync_every=3 after 3 synchronous warm-up steps, the warm-up's gradients through int8 and
+    float32: Lightning hands the step a closure (forward and backward run inside ``step``), and the
+    warm-up must average the gradients that closure made, as the plain loop's."""
+    policy = hvd.CompressionPolicy(min_elements=1)
+    for warm in ("int8", "none"):
+        outer = {"sync_every": 3, "outer_lr": 0.7, "outer_momentum": 0.9, "warmup_steps": 3,
+                 "warmup_compression": warm}
+        lm, t = fit("int8", strategy=dict(outer, policy=policy))
+        # 8 steps: the run ends inside an interval, so the global parameters are the ones all share
+        glob = torch.cat([g.reshape(-1) for g in t.strategy.optimizers[0].outer.globals])
+        every = hvd.allgather_object(glob, name=f"lt.outer.warm.{warm}")
+        assert torch.equal(every[0], every[1]), f"warm-up {warm}: the ranks' global parameters differ"
+        err = max_diff(lm.net, plain("int8", policy=policy, outer=outer))
+        assert err <= 1e-6, f"Lightning outer steps with a {warm} warm-up vs hvd.OuterOptimizer loop: {err:.3g}"
+
+
 def check_manual():
     lm, _ = fit("none", manual=True)
     # manual optimization: Lightning steps no scheduler, so the loop keeps its learning rate too
