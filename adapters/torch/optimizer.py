@@ -45,7 +45,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     _hvdp_distributed = True
 
     def __init__(self, params, named_parameters, settings, hvd_compressor, groups, process_set,
-                 compile_codecs=False):
+                 compile_codecs=False, finish_in_backward=False):
         super(_made(self), self).__init__(params)
         comm = TorchCollectives(process_set, scope=f"hvdp.opt{settings.instance}.")
         self._comm, self._groups_arg = comm, groups
@@ -67,6 +67,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._set_layout(make_layout(self.param_groups, self._all_names, groups, self.engine, at_creation=True))
         self._end_step()
         self._synchronized, self._should_synchronize = False, True
+        # hvd.OuterOptimizer's warm-up: the step's reductions finished as its last backward pass
+        # ends (as DDP's), so whatever runs between backward and step() sees the averages
+        self._finish_in_backward, self._queued, self._passes = finish_in_backward, False, 0
         OPTIMIZERS.add(self)
         # Like Horovod, a single worker skips the hooks, except that a real codec still applies
         # (so its effect can be seen and tested on one worker).
@@ -108,6 +111,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     # --- per-gradient path ------------------------------------------------------------------
     def _hook(self, p):
+        if self._finish_in_backward and not self._queued:  # this backward pass's first gradient
+            self._queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._backward_done)
         if self._fresh:  # the step's first gradient: nothing launched yet
             self._begin_step()
         if p not in self._delay:  # frozen since: not reduced (its gradient is the user's)
@@ -124,6 +130,23 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 self._launch(p)
         if self._overlap and self.engine.in_flight:
             self._progress()
+
+    def _backward_done(self):
+        """At the end of a backward pass (``finish_in_backward``): after the step's last pass,
+        its reductions finished and the averages in ``p.grad``."""
+        self._queued = False
+        self._passes += 1
+        if self._passes >= self.engine.settings.backward_passes:
+            self._passes = 0
+            with torch.no_grad():
+                self.synchronize()
+
+    def synchronize_once(self):
+        """``synchronize()`` unless this step's averages are already in ``p.grad`` (finished at
+        the end of backward); the next step starts afresh."""
+        if not self._synchronized:
+            self.synchronize()
+        self._synchronized = False
 
     def _progress(self):
         """Every bucket in flight whose collective is done starts its next phase now, while
@@ -185,6 +208,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def abort_step(self):
         """Drop this step's reductions in flight (a failed step; elastic restore and sync)."""
+        self._queued, self._passes = False, 0
         self.engine.abort()
         self._presence.reset()
         self._end_step()

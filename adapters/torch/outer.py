@@ -78,8 +78,10 @@ class _OuterOptimizer(torch.optim.Optimizer):
 
     def _warmup_reducer(self, codec, policy, backward_passes):
         """The reducer of the warm-up steps: ``hvd.DistributedOptimizer`` over the same parameters
-        that never steps (``synchronize`` writes the averages into ``.grad``; the user's optimizer
-        steps); the ranks agree on its settings when it is made."""
+        that never steps; its reductions start from the gradient hooks and finish as the step's
+        last backward pass ends (the averages in ``.grad``, as DDP leaves them: a gradient clip
+        before ``step()`` sees them); the user's optimizer steps. The ranks agree on its settings
+        when it is made."""
         codec, hvd_compressor = codec
         settings = ReduceSettings.from_user(codec, hvd_compressor, policy, backward_passes=backward_passes,
                                             instance=next_instance(self._process_set),
@@ -87,7 +89,7 @@ class _OuterOptimizer(torch.optim.Optimizer):
         cls = type("OuterWarmup", (_GradientsOnly,), dict(_DistributedOptimizer.__dict__))
         named_params = [(self._names.get(id(p), f"param.{i}"), p) for i, p in enumerate(self._params)]
         return cls([{"params": list(g["params"])} for g in self.param_groups], named_params, settings, hvd_compressor,
-                   None, self._process_set)
+                   None, self._process_set, finish_in_backward=True)
 
     def _follow_warmup(self) -> None:
         """The warm-up reducer's hooks on while the next step is a warm-up step, off after it (on
@@ -133,7 +135,7 @@ class _OuterOptimizer(torch.optim.Optimizer):
                 with torch.enable_grad():
                     loss = closure()
                 closure = None
-            self._warm.synchronize()
+            self._warm.synchronize_once()  # (finished as backward ended, where it ran)
         out = super(self.__class__, self).step(closure)
         with torch.no_grad(), REPORTER.explaining():
             landed = self.outer.after_step([p.detach() for p in self._params])
