@@ -40,6 +40,16 @@ def train(model, opt, x, y, steps, first=0, on_sync=None):
             on_sync[1](s + 1)
 
 
+def train_in_halves(model, opt, x, y, steps):
+    """``train`` with two backward passes of half a batch before each step (accumulation)."""
+    for s in range(steps):
+        bx, by = batch(x, y, s)
+        opt.zero_grad()
+        for half in (0, 4):
+            torch.nn.functional.cross_entropy(model(bx[half:half + 4]), by[half:half + 4]).backward()
+        opt.step()
+
+
 def same_on_every_rank(model, step):
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     every = hvd.allgather_object(flat, name=f"outer.same.{step}")
@@ -211,12 +221,7 @@ def check_warmup_codec():
                                 warmup_compression="int8", policy=pol, backward_passes_per_step=2) if outer else
              hvd.DistributedOptimizer(inner, named_parameters=m.named_parameters(), compression="int8", policy=pol,
                                       backward_passes_per_step=2))
-        for s in range(3):
-            o.zero_grad()
-            for half in (0, 4):
-                bx, by = batch(x, y, s)
-                torch.nn.functional.cross_entropy(m(bx[half:half + 4]), by[half:half + 4]).backward()
-            o.step()
+        train_in_halves(m, o, x, y, 3)
         got.append([p.detach().clone() for p in m.parameters()])
     assert all(torch.equal(a, b) for a, b in zip(*got)), "the accumulating warm-up differs from DistributedOptimizer's"
     # without backward_passes_per_step each pass is averaged as it ends (as DDP without no_sync):
@@ -226,12 +231,7 @@ def check_warmup_codec():
         m, x, y = model_and_data()
         o = hvd.OuterOptimizer(torch.optim.SGD(m.parameters(), lr=0.1), named_parameters=m.named_parameters(),
                                sync_every=4, warmup_steps=W, backward_passes_per_step=passes)
-        for s in range(3):
-            o.zero_grad()
-            for half in (0, 4):
-                bx, by = batch(x, y, s)
-                torch.nn.functional.cross_entropy(m(bx[half:half + 4]), by[half:half + 4]).backward()
-            o.step()
+        train_in_halves(m, o, x, y, 3)
         got.append(torch.cat([p.detach().reshape(-1) for p in m.parameters()]))
     err = (got[0] - got[1]).abs().max().item()
     assert 0 <= err <= 1e-6, f"a warm-up averaged pass by pass differs from one averaged once: {err:.3g}"
