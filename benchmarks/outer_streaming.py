@@ -76,6 +76,7 @@ def main():
             results["links"][rate] = runs
         results["minutes"] = (time.time() - t0) / 60
         results["horovod_cycle"] = slowlink.horovod_cycle()
+        results["bucket"] = slowlink.BUCKET
         results["load"] = os.getloadavg()[0]
         with open(stem + ".json", "w") as f:
             json.dump(results, f)
@@ -93,7 +94,7 @@ def report(results):
              f"{max(len(r) for r in results['links'].values() if isinstance(r, list))} runs per link (range). "
              f"The run took {results.get('minutes', float('nan')):.1f} min; load average "
              f"{results.get('load') or os.getloadavg()[0]:.1f} at its end. Horovod's cycle: "
-             f"{slowlink.cycle_words(results)}.", ""]
+             f"{slowlink.cycle_words(results)}. Throttled link: {slowlink.bucket_words(results)}.", ""]
     targets = []
     for rate, label in LINKS:
         runs = results["links"].get(rate)

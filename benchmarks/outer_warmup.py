@@ -154,7 +154,8 @@ def report(results):
     link_min = sum(r.get("minutes", 0) for g in results["links"].values() for r in per_seed(g))
     lines = [f"Outer steps after W synchronous warm-up steps: outer_tta.py's GPT, 2 workers, T = 320, unthrottled "
              f"loopback, {len(seeds)} seeds. The loss study took {results.get('study_minutes', float('nan')):.1f} "
-             f"min, the links {link_min:.1f}; load average {results['load']:.1f} at its end. Ranks identical at T "
+             f"min, the links {link_min:.1f} ({slowlink.bucket_words(results)}); load average "
+             f"{results['load']:.1f} at its end. Ranks identical at T "
              "after the last sync: "
              + ", ".join(f"{n} of {len(s['ranks_identical_at_T'])}" for n, s in zip(same, seeds))
              + f" (per seed). fp32 DP's held-out loss at T, mean of the seeds: {fp32:.4f}.", "",

@@ -1,5 +1,6 @@
 """Slow link: step time by codec with both workers in a network namespace whose loopback is
-limited by a token bucket (default 1 Gbit/s), Horovod over Gloo/TCP on that loopback.
+limited by a token bucket (default 1 Gbit/s; its depth: ``burst_bytes``), Horovod over Gloo/TCP
+on that loopback.
 
     python benchmarks/slowlink.py --json-out F [--rate 1gbit | 3gbit | none]
 
@@ -33,6 +34,14 @@ def cycle_words(saved: dict) -> str:
     return saved.get("horovod_cycle") or "1 ms (Horovod's default: run before hvd.init() set a cycle)"
 
 
+BUCKET = "token bucket 2 ms at the rate (16-256 KiB), checked not to bank idle time"
+
+
+def bucket_words(saved: dict) -> str:
+    """The token bucket a saved result's throttled links ran with (``burst_bytes``)."""
+    return saved.get("bucket") or "token bucket 256 KiB at every rate (before 2026-12-06: it banks idle time)"
+
+
 def saved_or_run(stem, report_only, run, cycle=True) -> dict:
     """A stage's results: its saved ``stem.json`` (``report_only``), or ``run()`` (a dict) with the
     run's minutes, the load average at its end and (``cycle``) the Horovod cycle its workers ran
@@ -42,7 +51,7 @@ def saved_or_run(stem, report_only, run, cycle=True) -> dict:
             return json.load(f)
     t0 = time.time()
     saved = dict(run())
-    saved.update(minutes=(time.time() - t0) / 60, load=os.getloadavg()[0])
+    saved.update(minutes=(time.time() - t0) / 60, load=os.getloadavg()[0], bucket=BUCKET)
     if cycle:
         saved["horovod_cycle"] = horovod_cycle()
     with open(stem + ".json", "w") as f:
@@ -78,6 +87,59 @@ print({mib} * 8 * 1.048576e6 / (time.perf_counter() - t0) / 1e9)
     return float(r.stdout.strip()) if r.returncode == 0 else None
 
 
+def bits_per_s(rate: str) -> float:
+    """tc's rate notation ("100mbit", "1gbit", "500kbit") in bits per second."""
+    units = {"gbit": 1e9, "mbit": 1e6, "kbit": 1e3, "bit": 1.0}
+    for unit, mult in units.items():
+        if rate.lower().endswith(unit):
+            return float(rate[:-len(unit)]) * mult
+    raise ValueError(f"rate {rate!r}: give tc's notation, e.g. 100mbit or 1gbit")
+
+
+def burst_bytes(rate: str) -> int:
+    """The token bucket's depth: 2 ms at the rate, within [16 KiB, 256 KiB]. A bucket fills while
+    the link is idle and then lets that many bytes through at once, which a real link does not:
+    up to 2026-12-06 every rate had 256 KiB, so at 10 Mbit/s an exchange under 256 KiB that
+    followed 0.2 s of compute crossed at once (0.2 s of line time free per step), and small-byte
+    methods (int4, outer steps) were measured faster than the link allows."""
+    return int(min(256 * 1024, max(16 * 1024, bits_per_s(rate) / 8 * 0.002)))
+
+
+def idle_send_s(ns, nbytes, idle=0.5):
+    """Seconds for ``nbytes`` over one TCP connection on the namespace's loopback, delivered and
+    acknowledged, after ``idle`` seconds with nothing sent (the bucket full)."""
+    code = f"""
+import socket, threading, time
+srv = socket.socket(); srv.bind(("127.0.0.1", 0)); srv.listen(1)
+def sink():
+    c, _ = srv.accept(); n = 0
+    while n < {nbytes}:
+        n += len(c.recv(1 << 20))
+    c.sendall(b"k")
+threading.Thread(target=sink, daemon=True).start()
+s = socket.create_connection(("127.0.0.1", srv.getsockname()[1]))
+s.sendall(b"w"); time.sleep({idle})
+t0 = time.perf_counter(); s.sendall(b"x" * ({nbytes} - 1)); s.recv(1)
+print(time.perf_counter() - t0)
+"""
+    r = subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=120)
+    return float(r.stdout.strip()) if r.returncode == 0 else None
+
+
+def check_no_bank(ns, rate, burst):
+    """Refuse a link that lets an exchange through faster than its rate after idle time: 8 buckets'
+    worth of bytes after 0.5 s idle must take at least 90% of the line time of the 7 beyond the
+    first bucket."""
+    nbytes = 8 * burst
+    took = idle_send_s(ns, nbytes)
+    floor = 7 * burst * 8 / bits_per_s(rate)
+    if took is None or took < 0.9 * floor:
+        raise SystemExit(f"slowlink: {nbytes} bytes after idle crossed the {rate} link in "
+                         f"{'?' if took is None else f'{took * 1e3:.1f}'} ms, under 90% of the "
+                         f"{floor * 1e3:.1f} ms its rate allows: the token bucket banks idle time")
+
+
 def unavailable(rate, isolate=False):
     """Why a link cannot be made here (None: it can). A throttled link, or an isolated one, needs
     root and iproute2 (a network namespace, a tc qdisc)."""
@@ -103,8 +165,12 @@ def link(rate, isolate=False):
             sh("ip", "netns", "add", ns)
             sh("ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up")
         if throttled:
+            burst = burst_bytes(rate)
+            if burst < 65536:  # tbf drops a packet larger than its burst: lo's MTU is 64 KiB
+                sh("ip", "netns", "exec", ns, "ip", "link", "set", "lo", "mtu", "1500")
             sh("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", "lo", "root", "tbf", "rate", rate,
-               "burst", "256kb", "latency", "100ms")
+               "burst", str(burst), "latency", "100ms")
+            check_no_bank(ns, rate, burst)
         # 64 MiB takes 54 s at 10 Mbit/s: below 100 Mbit/s, 8 MiB (still seconds of the shaped rate)
         slow = throttled and rate.lower().endswith("mbit") and float(rate[:-4]) < 100
         yield (["ip", "netns", "exec", ns] if ns else []), measure_rate(ns, mib=8 if slow else 64)

@@ -359,7 +359,8 @@ def main():
         results, minutes, load = saved["links"], saved["minutes"], saved.get("load")
     else:
         results = run_links("quick" if a.quick else "full")
-        minutes, load, saved = (time.time() - t0) / 60, os.getloadavg()[0], {"horovod_cycle": slowlink.horovod_cycle()}
+        minutes, load = (time.time() - t0) / 60, os.getloadavg()[0]
+        saved = {"horovod_cycle": slowlink.horovod_cycle(), "bucket": slowlink.BUCKET}
         with open(stem + ".json", "w") as f:
             json.dump(dict(saved, quick=a.quick, minutes=minutes, load=load, links=results), f)
     from tta_report import plot, table, target_rows
@@ -372,7 +373,8 @@ def main():
             "Seconds: training steps only, the slower rank's, summed. "
             f"The run took {minutes:.1f} min; load average " + (f"{load:.1f} at its end" if load else
                                                                    f"{os.getloadavg()[0]:.1f} when written")
-            + f". Horovod's cycle: {slowlink.cycle_words(saved)}.", ""]
+            + f". Horovod's cycle: {slowlink.cycle_words(saved)}. Throttled links: {slowlink.bucket_words(saved)}.",
+            ""]
     md = "\n".join(head + notes + ["", text, "", "| target | value | wanted | |", "|---|---|---|---|"]
                    + [f"| {m} | {v} | {t} | {mark[k]} |" for m, v, t, k in rows]) + "\n"
     with open(stem + ".md", "w") as f:
