@@ -81,9 +81,9 @@ def run_seeds(seeds):
     return out
 
 
-def run_links(rates, seeds, n, kept=None):
+def run_links(rates, seeds, n, kept=None, burst=None):
     """The time to each seed's target on each throttled link, seeds 0..n-1 (``kept``: runs of an
-    earlier call, by link, whose seeds are not run again)."""
+    earlier call, by link, whose seeds are not run again; ``burst``: slowlink.link's)."""
     out = {}
     for rate in rates:
         why = slowlink.unavailable(rate, isolate=True)
@@ -93,7 +93,7 @@ def run_links(rates, seeds, n, kept=None):
         runs = [r for r in per_seed((kept or {}).get(rate)) if r["seed"] < n]
         for seed in sorted(set(range(n)) - {r["seed"] for r in runs}):
             t0 = time.time()
-            with slowlink.link(rate, isolate=True) as (prefix, gbit):
+            with slowlink.link(rate, isolate=True, burst=burst) as (prefix, gbit):
                 res = slowlink.run_job(prefix, "outer_tta.py", ["--worker", "--size", "full", "--rate", rate,
                                                                 "--seed", str(seed), "--methods", "outer_warmup"],
                                        timeout=2400)
@@ -120,25 +120,33 @@ def main():
     ap.add_argument("--link-seeds", type=int, default=3, help="seeds on each throttled link (default 3)")
     ap.add_argument("--links-only", action="store_true",
                     help="keep the JSON's loss study and the link runs it has; run the missing seeds")
+    ap.add_argument("--bucket", type=int, help="the links' token bucket in bytes at every rate, unchecked "
+                    "(262144: the one of before 2026-12-06, which banks idle time), with outer_warmup.json's loss "
+                    "study; writes outer_warmup_bucketN.json/.md")
     a = ap.parse_args()
-    stem = os.path.join(RES, "outer_warmup")
+    stem = os.path.join(RES, "outer_warmup" + (f"_bucket{a.bucket}" if a.bucket else ""))
     why = None if a.report_only else slowlink.unavailable("none", isolate=True)
     if why:
         raise SystemExit(f"outer_warmup: {why}")
 
     def run():
         old = {}
-        if a.links_only:
-            with open(stem + ".json") as f:
+        if a.links_only or a.bucket:
+            with open(stem + ".json" if a.links_only else os.path.join(RES, "outer_warmup.json")) as f:
                 old = json.load(f)
+            if a.bucket and not a.links_only:
+                old.pop("links", None)
             seeds, study = old["seeds"], old.get("study_minutes", old["minutes"])
         else:
             t0 = time.time()
             seeds = run_seeds(a.seeds)
             study = (time.time() - t0) / 60
         links = run_links([r for r in a.links.split(",") if r], seeds, min(a.link_seeds, len(seeds)),
-                          old.get("links"))
-        return {"seeds": seeds, "study_minutes": study, "links": links}
+                          old.get("links"), a.bucket)
+        out = {"seeds": seeds, "study_minutes": study, "links": links}
+        if a.bucket:
+            out["bucket"] = f"token bucket {a.bucket} bytes at every rate, unchecked (--bucket)"
+        return out
 
     results = slowlink.saved_or_run(stem, a.report_only, run)
     md = report(results)
