@@ -28,6 +28,7 @@ import numpy as np
 from .collectives import AVERAGE, Collectives
 from .factors import InitQ, MatrixLayout, matrix_layout, seeded_init
 from .reducer import DictStore, Reducer
+from .residuals import finite_or_zero
 from .stats import WireStats, ring_allreduce_bytes
 
 Array = Any
@@ -250,7 +251,9 @@ class LowRankReducer(Reducer):
         every rank (a state that did not exist comes back as zeros: "none yet" for the Qs)."""
         ops, keep = self.ops, []
         if self.error_feedback:
-            keep.append((self.worker, self._residual(pend, lay, approx), pend.prev))
+            # x - P Q^T may overflow where the approximation overshoots a huge x: those elements
+            # are dropped from the residual, as the two-phase codecs' (finite_or_zero)
+            keep.append((self.worker, finite_or_zero(ops, self._residual(pend, lay, approx)), pend.prev))
         if self.codec.warm_start and q_avg is not None:
             keep.append((self.server, q_avg, pend.kept))
         bad = None
