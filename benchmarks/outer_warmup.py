@@ -134,15 +134,13 @@ def main():
         if a.links_only or a.bucket:
             with open(stem + ".json" if a.links_only else os.path.join(RES, "outer_warmup.json")) as f:
                 old = json.load(f)
-            if a.bucket and not a.links_only:
-                old.pop("links", None)
             seeds, study = old["seeds"], old.get("study_minutes", old["minutes"])
         else:
             t0 = time.time()
             seeds = run_seeds(a.seeds)
             study = (time.time() - t0) / 60
         links = run_links([r for r in a.links.split(",") if r], seeds, min(a.link_seeds, len(seeds)),
-                          old.get("links"), a.bucket)
+                          old.get("links") if a.links_only else None, a.bucket)
         out = {"seeds": seeds, "study_minutes": study, "links": links}
         if a.bucket:
             out["bucket"] = f"token bucket {a.bucket} bytes at every rate, unchecked (--bucket)"

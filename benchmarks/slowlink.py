@@ -66,26 +66,8 @@ def sh(*cmd, **kw):
 
 def measure_rate(ns, mib=64):
     """Gbit/s of one TCP stream over the namespace's loopback (a self-check of the limit)."""
-    code = f"""
-import socket, threading, time
-srv = socket.socket(); srv.bind(("127.0.0.1", 0)); srv.listen(1)
-port = srv.getsockname()[1]
-def sink():
-    c, _ = srv.accept(); n = 0
-    while True:
-        b = c.recv(1 << 20)
-        if not b: break
-        n += len(b)
-t = threading.Thread(target=sink); t.start()
-s = socket.create_connection(("127.0.0.1", port)); buf = b"x" * (1 << 20)
-t0 = time.perf_counter()
-for _ in range({mib}): s.sendall(buf)
-s.close(); t.join()
-print({mib} * 8 * 1.048576e6 / (time.perf_counter() - t0) / 1e9)
-"""
-    prefix = ["ip", "netns", "exec", ns] if ns else []
-    r = subprocess.run(prefix + [sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    return float(r.stdout.strip()) if r.returncode == 0 else None
+    took = idle_send_s(ns, mib << 20, idle=0.0)
+    return mib * 8 * 1.048576e6 / took / 1e9 if took else None
 
 
 def bits_per_s(rate: str) -> float:
@@ -107,8 +89,9 @@ def burst_bytes(rate: str) -> int:
 
 
 def idle_send_s(ns, nbytes, idle=0.5):
-    """Seconds for ``nbytes`` over one TCP connection on the namespace's loopback, delivered and
-    acknowledged, after ``idle`` seconds with nothing sent (the bucket full)."""
+    """Seconds for ``nbytes`` over one TCP connection on the namespace's loopback (``ns`` None:
+    the machine's), delivered and acknowledged, after ``idle`` seconds with nothing sent (a token
+    bucket full)."""
     code = f"""
 import socket, threading, time
 srv = socket.socket(); srv.bind(("127.0.0.1", 0)); srv.listen(1)
@@ -119,12 +102,16 @@ def sink():
     c.sendall(b"k")
 threading.Thread(target=sink, daemon=True).start()
 s = socket.create_connection(("127.0.0.1", srv.getsockname()[1]))
+left = {nbytes} - 1; buf = b"x" * min(left, 1 << 20)
 s.sendall(b"w"); time.sleep({idle})
-t0 = time.perf_counter(); s.sendall(b"x" * ({nbytes} - 1)); s.recv(1)
+t0 = time.perf_counter()
+while left > 0:
+    k = min(left, len(buf)); s.sendall(buf[:k]); left -= k
+s.recv(1)
 print(time.perf_counter() - t0)
 """
-    r = subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-c", code], capture_output=True, text=True,
-                       timeout=120)
+    prefix = ["ip", "netns", "exec", ns] if ns else []
+    r = subprocess.run(prefix + [sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     return float(r.stdout.strip()) if r.returncode == 0 else None
 
 
@@ -176,7 +163,7 @@ def link(rate, isolate=False, burst=None):
             if checked:
                 check_no_bank(ns, rate, burst)
         # 64 MiB takes 54 s at 10 Mbit/s: below 100 Mbit/s, 8 MiB (still seconds of the shaped rate)
-        slow = throttled and rate.lower().endswith("mbit") and float(rate[:-4]) < 100
+        slow = throttled and bits_per_s(rate) < 100e6
         yield (["ip", "netns", "exec", ns] if ns else []), measure_rate(ns, mib=8 if slow else 64)
     finally:
         if ns:
