@@ -102,6 +102,48 @@ def methods(sz, rate, full):
 
 # ---------------------------------------------------------------- the worker (inside horovodrun)
 
+class TorchftRun(tta.Run):
+    """torchft's DiLoCo after W synchronous warm-up steps (torchft has no warm-up of its own): for
+    the first W steps each rank clips its own gradients, they are averaged in float32 (one Gloo
+    allreduce of the flat gradients, on the DDP group) and the inner optimizer steps, as hvdp's
+    ``warmup_steps=W`` does; then torchft's ``DiLoCo`` is built (it saves the parameters the
+    warm-up reached as its first global copy) and syncs every H inner steps from there, at the
+    steps W + kH. ``start()`` builds it (collective); W = 0 builds at once."""
+
+    def __init__(self, label, m, inner, sz, W, start):
+        super().__init__(label, "torchft", m, inner, m, sz["T"], "none", sz)
+        self.W, self.start = W, start
+        self.tft = None if W else start()
+
+    def prepare(self):
+        if self.tft is None and self.step >= self.W:
+            self.tft = self.start()
+
+    def train(self, x, y, autocast):
+        if self.tft is not None:
+            return super().train(x, y, autocast)
+        import torch
+        import torch.distributed as dist
+        import torch.nn.functional as F
+        self.opt.zero_grad()
+        with autocast():
+            loss = F.cross_entropy(self.model(x).float().flatten(0, 1), y.flatten())
+        loss.backward()
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        torch.nn.utils.clip_grad_norm_(params, tta.CLIP)
+        flat = torch.cat([p.grad.reshape(-1) for p in params])
+        dist.all_reduce(flat)
+        flat /= dist.get_world_size()
+        off = 0
+        for p in params:
+            p.grad.copy_(flat[off:off + p.numel()].view_as(p.grad))
+            off += p.numel()
+        self.opt.step()
+        self.sched.step()
+        self.step += 1
+        return loss.item()
+
+
 def worker(a):
     import numpy as np
     import torch
@@ -166,12 +208,13 @@ def worker(a):
         if kind == "torchft":  # torchft as shipped (one allreduce per tensor), outer SGD as hvdp's
             import torchft_diloco
             inner = adamw(m.parameters())
-            tft = torchft_diloco.build(m, inner, torch.optim.SGD(m.parameters(), lr=0.7, momentum=0.9,
-                                                                  nesterov=True), sync_every=spec["H"])
-            tft.__enter__()  # its hook on inner.step() until the end of the run
-            run = tta.Run(label, "torchft", m, inner, m, T, "none", sz)
-            run.tft = tft
-            return run
+
+            def start():
+                tft = torchft_diloco.build(m, inner, torch.optim.SGD(m.parameters(), lr=0.7, momentum=0.9,
+                                                                      nesterov=True), sync_every=spec["H"])
+                tft.__enter__()  # its hook on inner.step() until the end of the run
+                return tft
+            return TorchftRun(label, m, inner, sz, spec.get("W", 0), start)
         opt = adamw(m.parameters())
         return tta.Run(label, "compute", m, opt, m, T, "-", sz)
 
@@ -183,7 +226,7 @@ def worker(a):
            "params": sum(p.numel() for p in base.parameters()), "refused": {}}
     out["initial_loss"] = validate(base, val, vargs, autocast)
     runs = []
-    plan = methods(sz, a.rate, a.full) if a.methods is None else __import__(a.methods).methods(sz, a.rate)
+    plan = methods(sz, a.rate, a.full) if a.methods is None else sibling_methods(a.methods)(sz, a.rate)
     for label, kind, spec in plan:
         try:
             runs.append(make(label, kind, spec))
@@ -193,6 +236,8 @@ def worker(a):
             out["refused"][label] = f"{type(e).__name__}: {e}"[:400]
     for step in range(T):
         for r in runs:
+            if isinstance(r, TorchftRun):
+                r.prepare()  # torchft's DiLoCo built after its warm-up (collective; not timed)
             rng = np.random.default_rng([a.seed, step, hvd.rank()])
             x, y = batch(train_data, rng, sz["batch"], sz["context"])
             dist.barrier()
@@ -229,6 +274,12 @@ def worker(a):
 
 
 # ---------------------------------------------------------------- the driver and the report
+
+def sibling_methods(name):
+    """A sibling stage's method list, "module" (its ``methods``) or "module:function"."""
+    mod, _, fn = name.partition(":")
+    return getattr(__import__(mod), fn or "methods")
+
 
 def summarise(res, target):
     sz = res["size"]
@@ -302,7 +353,7 @@ def main():
     ap.add_argument("--rate", default="none", help=argparse.SUPPRESS)
     ap.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--json-out", help=argparse.SUPPRESS)
-    ap.add_argument("--methods", help=argparse.SUPPRESS)  # a sibling stage's module with methods(sz, rate)
+    ap.add_argument("--methods", help=argparse.SUPPRESS)  # a sibling stage's "module[:function]" (sz, rate)
     a = ap.parse_args()
     if a.worker:
         return worker(a)

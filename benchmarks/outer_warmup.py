@@ -63,13 +63,56 @@ def methods(sz, rate):
     return out
 
 
-def run_seeds(seeds):
-    """The loss study on the loopback: one job per seed."""
+def torchft_methods(sz, rate):
+    """``--peer torchft``: torchft's DiLoCo at H = 16 after the same W synchronous float32 warm-up
+    steps (outer_tta.TorchftRun) beside hvdp's outer runs at H = 16 (pseudo-gradients in float32,
+    as torchft's, and int8; the warm-up in float32 and through int4); fp32 DP on the loopback for
+    the target. At 10 Mbit/s hvdp's float32 pseudo-gradients are left out (each run takes minutes
+    per seed there; the loopback and 100 Mbit/s show its training against torchft's)."""
+    hv = [(f"hvdp outer H16 {c} W{TIMED_W}", "outer", {"H": 16, "codec": c, "W": TIMED_W})
+          for c in (("int8",) if rate == "10mbit" else ("none", "int8"))]
+    hv.append((f"hvdp outer H16 int8 W{TIMED_W} (warm-up int4)", "outer",
+               {"H": 16, "codec": "int8", "W": TIMED_W, "warm": "int4"}))
+    tft = [(f"torchft DiLoCo H16 W{TIMED_W}", "torchft", {"H": 16, "W": TIMED_W})]
+    if rate == "none":
+        return [("fp32 DP (hvdp none)", "hvdp", "none")] + hv + tft
+    return hv + tft + [("compute only", "compute", None)]
+
+
+TORCHFT_WANTED = {"100mbit": 1.0, "10mbit": 0.7}  # issue 35: hvdp's time ÷ torchft's at the same H
+
+
+def torchft_rows(results):
+    """(measurement, value, wanted, met) of ``--peer torchft``: per link, each seed's best hvdp
+    outer run's time to target ÷ torchft's DiLoCo's (H = 16, the same warm-up), median (range)."""
+    rows = []
+    for rate, wanted in TORCHFT_WANTED.items():
+        runs = per_seed((results.get("links") or {}).get(rate))
+        what = f"{rate}, H = 16, W = {TIMED_W}: hvdp's best time to target ÷ torchft DiLoCo's"
+        ratios, names = [], []
+        for r in runs:
+            name, mine = best(r["methods"], ("outer",))
+            _, theirs = best(r["methods"], ("torchft",))
+            if mine and theirs:
+                ratios.append(mine / theirs)
+                names.append(name)
+        if not runs or len(ratios) < len(runs):
+            rows.append((what, f"not shown ({len(ratios)} of {len(runs)} seeds where both reached the target)",
+                         f"≤ {wanted}", None if not runs else False))
+            continue
+        med = statistics.median(ratios)
+        rows.append((what, f"{med:.3f} ({min(ratios):.3f}–{max(ratios):.3f}; {', '.join(sorted(set(names)))})",
+                     f"≤ {wanted}", med <= wanted))
+    return rows
+
+
+def run_seeds(seeds, methods="outer_warmup"):
+    """The loss study on the loopback: one job per seed (``methods``: outer_tta's --methods)."""
     out, t0 = [], time.time()
     for seed in range(seeds):
         with slowlink.link("none", isolate=True) as (prefix, _):
             res = slowlink.run_job(prefix, "outer_tta.py", ["--worker", "--size", "full", "--rate", "none",
-                                                            "--seed", str(seed), "--methods", "outer_warmup"],
+                                                            "--seed", str(seed), "--methods", methods],
                                    timeout=1800)
         target = res["methods"]["fp32 DP (hvdp none)"]["evals"][-1][1] * 1.01
         s = outer_tta.summarise(res, target)
@@ -81,7 +124,7 @@ def run_seeds(seeds):
     return out
 
 
-def run_links(rates, seeds, n, kept=None, burst=None):
+def run_links(rates, seeds, n, kept=None, burst=None, methods="outer_warmup"):
     """The time to each seed's target on each throttled link, seeds 0..n-1 (``kept``: runs of an
     earlier call, by link, whose seeds are not run again; ``burst``: slowlink.link's)."""
     out = {}
@@ -95,7 +138,7 @@ def run_links(rates, seeds, n, kept=None, burst=None):
             t0 = time.time()
             with slowlink.link(rate, isolate=True, burst=burst) as (prefix, gbit):
                 res = slowlink.run_job(prefix, "outer_tta.py", ["--worker", "--size", "full", "--rate", rate,
-                                                                "--seed", str(seed), "--methods", "outer_warmup"],
+                                                                "--seed", str(seed), "--methods", methods],
                                        timeout=2400)
             s = outer_tta.summarise(res, seeds[seed]["target"])
             runs.append({"seed": seed, "measured_gbit_s": gbit, "compute_s": s["compute_s"], "methods": s["methods"],
@@ -123,9 +166,19 @@ def main():
     ap.add_argument("--bucket", type=int, help="the links' token bucket in bytes at every rate, unchecked "
                     "(262144: the one of before 2026-12-06, which banks idle time), with outer_warmup.json's loss "
                     "study; writes outer_warmup_bucketN.json/.md")
+    ap.add_argument("--peer", choices=("torchft",), help="torchft: its DiLoCo at H = 16 after the same warm-up, "
+                    "beside hvdp's H = 16 runs (torchft_methods), its own loss study and links; writes "
+                    "outer_warmup_torchft.json/.md")
     a = ap.parse_args()
-    stem = os.path.join(RES, "outer_warmup" + (f"_bucket{a.bucket}" if a.bucket else ""))
+    if a.peer and (a.bucket or a.links_only):
+        raise SystemExit("outer_warmup: --peer runs its own loss study and links; drop --bucket / --links-only")
+    stem = os.path.join(RES, "outer_warmup" + (f"_bucket{a.bucket}" if a.bucket else "")
+                        + (f"_{a.peer}" if a.peer else ""))
+    chosen = "outer_warmup:torchft_methods" if a.peer else "outer_warmup"
     why = None if a.report_only else slowlink.unavailable("none", isolate=True)
+    if not why and a.peer:
+        import torchft_diloco
+        why = torchft_diloco.ensure_installed()
     if why:
         raise SystemExit(f"outer_warmup: {why}")
 
@@ -137,23 +190,29 @@ def main():
             seeds, study = old["seeds"], old.get("study_minutes", old["minutes"])
         else:
             t0 = time.time()
-            seeds = run_seeds(a.seeds)
+            seeds = run_seeds(a.seeds, chosen)
             study = (time.time() - t0) / 60
         links = run_links([r for r in a.links.split(",") if r], seeds, min(a.link_seeds, len(seeds)),
-                          old.get("links") if a.links_only else None, a.bucket)
+                          old.get("links") if a.links_only else None, a.bucket, chosen)
         out = {"seeds": seeds, "study_minutes": study, "links": links}
         if a.bucket:
             out["bucket"] = f"token bucket {a.bucket} bytes at every rate, unchecked (--bucket)"
         return out
 
     results = slowlink.saved_or_run(stem, a.report_only, run)
-    md = report(results)
+    md = report(results, *((("torchft",), "torchft DiLoCo") if a.peer else ()))
+    if a.peer:
+        mark = {True: "met", False: "NOT met", None: ""}
+        md += "\n".join(["", "| target | value | wanted | |", "|---|---|---|---|"]
+                        + [f"| {m} | {v} | {w} | {mark[k]} |" for m, v, w, k in torchft_rows(results)]) + "\n"
     with open(stem + ".md", "w") as f:
         f.write(md)
     print(md)
 
 
-def report(results):
+def report(results, ref=("ddp", "postlocal"), ref_word="DDP"):
+    """outer_warmup.md; each link's times against the best of the methods of kinds ``ref``
+    (``ref_word`` in the table: DDP's methods with post-local SGD, or torchft's DiLoCo)."""
     seeds = results["seeds"]
     fp32 = statistics.mean(s["methods"]["fp32 DP (hvdp none)"]["final_loss"] for s in seeds)
     same = [sum(s["ranks_identical_at_T"].values()) for s in seeds]
@@ -184,15 +243,17 @@ def report(results):
         if not runs:
             lines += ["", f"{rate}: skipped ({(got or {}).get('skipped', 'not run')})"]
             continue
-        bests = [best(r["methods"], ("ddp", "postlocal")) for r in runs]  # post-local SGD included
+        bests = [best(r["methods"], ref) for r in runs]
         gbit = ", ".join(f"{r['measured_gbit_s']:.4f}" for r in runs)
         compute = ", ".join(f"{r['compute_s']:.4f}" for r in runs)
         named = ", ".join(f"{k} {v:.1f} s" if k else "none reached the target" for k, v in bests)
         lines += ["", f"**{rate}** (measured {gbit} Gbit/s), seeds {', '.join(str(r['seed']) for r in runs)}, each "
-                  f"against its own fp32 DP loss x 1.01 from the loopback; compute only {compute} s/step; best DDP "
-                  f"method (post-local SGD included) per seed: {named}", "",
-                  "| method | steps to target | seconds to target | / best DDP: median (range) | floor / best DDP "
-                  "| held-out loss at T | step (s, median) | MB/step/worker |", "|---|---|---|---|---|---|---|---|"]
+                  f"against its own fp32 DP loss x 1.01 from the loopback; compute only {compute} s/step; best "
+                  f"{ref_word} method{' (post-local SGD included)' if 'postlocal' in ref else ''} per seed: "
+                  f"{named}", "",
+                  f"| method | steps to target | seconds to target | / best {ref_word}: median (range) | floor / best "
+                  f"{ref_word} | held-out loss at T | step (s, median) | MB/step/worker |",
+                  "|---|---|---|---|---|---|---|---|"]
 
         def spread(xs):
             return f"{statistics.median(xs):.3f} ({min(xs):.3f}–{max(xs):.3f})" if len(xs) == len(runs) else "—"

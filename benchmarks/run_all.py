@@ -17,6 +17,7 @@ import join_cost  # noqa: E402  (the join control's per-step cost, Gloo and MPI)
 import links  # noqa: E402  (the three-link stage)
 import peers  # noqa: E402  (hvdp against DDP's hooks on the same links)
 import outer_tta_report  # noqa: E402  (time to a target loss with outer steps)
+import outer_warmup  # noqa: E402  (outer steps after a warm-up; against torchft's DiLoCo)
 import tta_report  # noqa: E402  (time to a target loss, GPT, three links)
 import two_level  # noqa: E402  (flat against two-level reduction on two nodes)
 
@@ -73,6 +74,8 @@ STAGES = [
      lambda: python([os.path.join(HERE, "outer_streaming.py")], timeout=3600)),
     ("outer steps after a synchronous warm-up (loopback 3 seeds; 100 and 10 Mbit/s)",
      lambda: python([os.path.join(HERE, "outer_warmup.py")], timeout=5400)),
+    ("outer steps against torchft's DiLoCo after the same warm-up (H = 16; loopback, 100 and 10 Mbit/s)",
+     lambda: python([os.path.join(HERE, "outer_warmup.py"), "--peer", "torchft"], timeout=5400)),
     ("peak memory of a step (50M params)", lambda: python([os.path.join(HERE, "memory_bench.py"),
                                                             "--json-out", os.path.join(RES, "memory.json")])),
     ("two-level on two nodes (MPI and Gloo, 1 Gbit/s; MPI 100 Mbit/s)",
@@ -135,6 +138,10 @@ def report(elapsed):
         rows += outer_tta_report.target_rows(load("outer_tta.json"))
     except FileNotFoundError:
         rows.append(("time to target with outer steps", "not run", "—", None))
+    try:
+        rows += outer_warmup.torchft_rows(load("outer_warmup_torchft.json"))
+    except FileNotFoundError:
+        rows.append(("outer steps against torchft's DiLoCo after the same warm-up", "not run", "—", None))
     for controller, rate in two_level.RUNS:
         try:
             res = load(os.path.basename(two_level.path(controller, rate)))
