@@ -364,7 +364,8 @@ def main():
             results = json.load(f)
     else:
         results = run_links("quick" if a.quick else "full", a.seeds)
-        results["minutes"] = (time.time() - t0) / 60
+        results.update(minutes=(time.time() - t0) / 60, load=os.getloadavg()[0], bucket=slowlink.BUCKET,
+                       horovod_cycle=slowlink.horovod_cycle())
         with open(stem + ".json", "w") as f:
             json.dump(results, f)
     from outer_tta_report import plot, table, target_rows
@@ -375,8 +376,10 @@ def main():
     head = [f"Target: fp32 DP's held-out loss at step T x 1.01 = {results['target']:.4f} (T = {sz['T']}: "
             f"{sz['T'] // max(sz['H'])} outer steps at H = {max(sz['H'])}). Seconds: training steps only, the slower "
             f"rank's, summed. The run took {results['minutes']:.1f} min; load average "
-            f"{os.getloadavg()[0]:.1f} when written. Default configuration: {DEFAULT} (outer Nesterov SGD lr 0.7, "
-            f"momentum 0.9; every outer run: {sz['sync_warmup']} synchronous warm-up steps).", ""]
+            f"{results.get('load', os.getloadavg()[0]):.1f} at its end. Default configuration: {DEFAULT} (outer "
+            f"Nesterov SGD lr 0.7, momentum 0.9; every outer run: {sz['sync_warmup']} synchronous warm-up steps). "
+            "Throttled links: "
+            f"{slowlink.bucket_words(results)}. Horovod's cycle: {slowlink.cycle_words(results)}.", ""]
     md = "\n".join(head + notes + ["", text, "", "| target | value | wanted | |", "|---|---|---|---|"]
                    + [f"| {m} | {v} | {t} | {mark[k]} |" for m, v, t, k in rows]) + "\n"
     with open(stem + ".md", "w") as f:
