@@ -6,6 +6,8 @@ unthrottled loopback (they do not depend on the link), then the time to target a
 
     python benchmarks/outer_warmup.py [--seeds N] [--links 100mbit,10mbit] [--report-only]
     # -> results/outer_warmup.json, outer_warmup.md
+    python benchmarks/outer_warmup.py --peer torchft   # torchft's DiLoCo after the same warm-up
+    # -> results/outer_warmup_torchft.json, outer_warmup_torchft.md (torchft_methods)
 
 Per seed (initial weights and batches), taking turns step by step in the same processes: fp32 DP
 (hvdp none), hvdp's default outer configuration (H = 8, int8, outer Nesterov SGD lr 0.7,
