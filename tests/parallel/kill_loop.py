@@ -159,13 +159,18 @@ def trace_at(flight_dir, t0, size=3, keep=None):
 
 def trace_names_the_kill(k, size=3):
     """Whether kill ``k``'s merged trace names a collective with the killed rank as the one
-    without a dump and every other rank in it, not done (failed, in flight, never reached)."""
+    without a dump and every other rank in it, at least one of them not done (failed, in flight,
+    never reached). A survivor may have finished it: a rank killed inside a collective it had
+    joined (the step's presence sum, in flight when the rank killed itself between the two
+    phases) can leave one survivor with the whole result and another with a failed wait."""
     t = k.get("trace")
     if not t or k.get("rank") is None:
         return False
     ranks = t["ranks"]
+    survivors = set(ranks) - {"unknown"}
     return (ranks.get("unknown") == [k["rank"]]
-            and set(ranks) - {"unknown"} <= {"failed", "started", "unreached", "refused"}
+            and survivors <= {"done", "failed", "started", "unreached", "refused"}
+            and bool(survivors - {"done"})
             and sorted(r for rs in ranks.values() for r in rs) == list(range(size)))
 
 

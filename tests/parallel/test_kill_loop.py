@@ -51,6 +51,19 @@ def check_traces(res):
     return {k["moment"]: k["trace"]["name"] for k in res["kills"]}
 
 
+def test_trace_check_takes_a_survivor_that_finished_the_killed_ranks_collective():
+    """The merged traces of a CI run (2026-12-07): rank 1 killed itself between the two phases
+    with the step's presence sum in flight; rank 2 had its result, rank 0's wait failed."""
+    def kill(rank, ranks):
+        return {"rank": rank, "trace": {"name": "hvdp.opt0.hvdp#present", "nth": 5, "ranks": ranks}}
+    assert kl.trace_names_the_kill(kill(1, {"failed": [0], "unknown": [1], "done": [2]}))
+    assert kl.trace_names_the_kill(kill(0, {"unknown": [0], "failed": [1, 2]}))
+    assert not kl.trace_names_the_kill(kill(1, {"done": [0, 2], "unknown": [1]}))  # where did they part?
+    assert not kl.trace_names_the_kill(kill(2, {"failed": [0], "unknown": [1], "done": [2]}))  # another rank
+    assert not kl.trace_names_the_kill(kill(1, {"failed": [0], "unknown": [1]}))  # rank 2 missing
+    assert not kl.trace_names_the_kill({"rank": 1, "trace": None})
+
+
 @pytest.mark.timeout(1000)  # the reference, the kill run and a second one where Horovod aborted
 def test_kill_loop_torch_int8_with_checkpoints(tmp_path):
     hosts, why = kl.three_hosts()
