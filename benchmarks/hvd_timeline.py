@@ -87,7 +87,7 @@ def summarise(by_tensor, steps, step_times):
     out = {}
     for i, (label, _, _) in enumerate(METHODS):  # the worker makes the optimizers in this order
         mine = {t: v for t, v in by_tensor.items() if f".hvdp.opt{i}." in t}
-        neg, ops, count, acts = (collections.defaultdict(list) for _ in range(4))
+        neg, ops, acts = (collections.defaultdict(list) for _ in range(3))
         for tensor, phases in mine.items():
             k = kind_of(tensor)
             for name, t0, t1, nested in phases:
@@ -95,12 +95,11 @@ def summarise(by_tensor, steps, step_times):
                     neg[k].append((t0, t1))
                 else:
                     ops[k].append((t0, t1))
-                    count[k].append(1)
                     for a, a0, a1 in nested:
                         acts[a].append((a0, a1))
         n = max(1, steps)
         out[label] = {"kinds": {k: {"negotiate_ms": covered(neg[k]) / 1e3 / n, "op_ms": covered(ops[k]) / 1e3 / n,
-                                    "count": len(count[k]) / n} for k in ops},
+                                    "count": len(ops[k]) / n} for k in ops},
                       "all_ops_ms": covered([iv for v in ops.values() for iv in v]) / 1e3 / n,
                       "activities_ms": {a: covered(v) / 1e3 / n
                                         for a, v in sorted(acts.items(), key=lambda kv: -covered(kv[1]))},

@@ -102,35 +102,20 @@ def methods(sz, rate, full):
 
 # ---------------------------------------------------------------- the worker (inside horovodrun)
 
-class TorchftRun(tta.Run):
-    """torchft's DiLoCo after W synchronous warm-up steps (torchft has no warm-up of its own): for
-    the first W steps each rank clips its own gradients, they are averaged in float32 (one Gloo
-    allreduce of the flat gradients, on the DDP group) and the inner optimizer steps, as hvdp's
-    ``warmup_steps=W`` does; then torchft's ``DiLoCo`` is built (it saves the parameters the
-    warm-up reached as its first global copy) and syncs every H inner steps from there, at the
-    steps W + kH. ``start()`` builds it (collective); W = 0 builds at once."""
+class _Averaged:
+    """An inner optimizer whose step first averages the gradients in float32 (one Gloo allreduce
+    of the flat gradients, on the DDP group): the synchronous warm-up of :class:`TorchftRun`."""
 
-    def __init__(self, label, m, inner, sz, W, start):
-        super().__init__(label, "torchft", m, inner, m, sz["T"], "none", sz)
-        self.W, self.start = W, start
-        self.tft = None if W else start()
+    def __init__(self, opt):
+        self.opt = opt
 
-    def prepare(self):
-        if self.tft is None and self.step >= self.W:
-            self.tft = self.start()
+    def zero_grad(self):
+        self.opt.zero_grad()
 
-    def train(self, x, y, autocast):
-        if self.tft is not None:
-            return super().train(x, y, autocast)
+    def step(self):
         import torch
         import torch.distributed as dist
-        import torch.nn.functional as F
-        self.opt.zero_grad()
-        with autocast():
-            loss = F.cross_entropy(self.model(x).float().flatten(0, 1), y.flatten())
-        loss.backward()
-        params = [p for p in self.model.parameters() if p.grad is not None]
-        torch.nn.utils.clip_grad_norm_(params, tta.CLIP)
+        params = [p for g in self.opt.param_groups for p in g["params"] if p.grad is not None]
         flat = torch.cat([p.grad.reshape(-1) for p in params])
         dist.all_reduce(flat)
         flat /= dist.get_world_size()
@@ -139,9 +124,27 @@ class TorchftRun(tta.Run):
             p.grad.copy_(flat[off:off + p.numel()].view_as(p.grad))
             off += p.numel()
         self.opt.step()
-        self.sched.step()
-        self.step += 1
-        return loss.item()
+
+
+class TorchftRun(tta.Run):
+    """torchft's DiLoCo after W synchronous warm-up steps (torchft has no warm-up of its own): for
+    the first W steps each rank clips its own gradients (tta.train_step), they are averaged
+    (:class:`_Averaged`) and the inner optimizer steps, as hvdp's ``warmup_steps=W`` does; then
+    torchft's ``DiLoCo`` is built (it saves the parameters the warm-up reached as its first global
+    copy) and syncs every H inner steps from there, at the steps W + kH. ``start()`` builds it
+    (collective); W = 0 builds at once."""
+
+    def __init__(self, label, m, inner, sz, W, start):
+        super().__init__(label, "torchft", m, inner, m, sz["T"], "none", sz)
+        self.W, self.start = W, start
+        self.tft = None if W else start()
+        if W:
+            self.opt = _Averaged(inner)
+
+    def prepare(self):
+        if self.tft is None and self.step >= self.W:
+            self.opt = self.opt.opt  # torchft's hook is on the inner optimizer's step
+            self.tft = self.start()
 
 
 def worker(a):
