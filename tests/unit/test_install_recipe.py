@@ -26,7 +26,10 @@ SDIST_LINES = {  # the lines of Horovod 0.28.1's sources that the patches rewrit
                                     "    horovod_global.process_set_table.Finalize(global_gloo_context,\n"
                                     "                                              SHUT_DOWN_ERROR);\n  }\n"
                                     "#endif // HAVE_GLOO\n",
-    "horovod/common/util.py": "EXTENSIONS = ['tensorflow', 'torch', 'mxnet']\n",
+    "horovod/common/util.py": "EXTENSIONS = ['tensorflow', 'torch', 'mxnet']\n"
+                              "        try:\n"
+                              "            ext = importlib.import_module('.' + ext_base_name, 'horovod')\n"
+                              "            result = fn(ext)\n",
     "third_party/gloo/gloo/transport/tcp/pair.cc": "  if (state_ == CONNECTED) {\n    handleReadWrite(events);\n"
                                                    "    return;\n  }\n"
                                                    "void Pair::signalException(std::exception_ptr ex) {\n"
@@ -63,7 +66,7 @@ def test_cxx_standard_follows_torch_version():
 
 def test_patches_rewrite_the_sdist_lines_and_fail_loudly_elsewhere():
     every = patches([Framework("torch", "2.14.1", "13.0"), Framework("tensorflow", "2.21.0")])
-    assert len(every) == 12
+    assert len(every) == 13
     patched = dict(SDIST_LINES)
     for p in every:
         out = apply_patch(SDIST_LINES[p.path], p)
@@ -101,8 +104,16 @@ def test_patches_rewrite_the_sdist_lines_and_fail_loudly_elsewhere():
     assert read.index("try {") < read.index("handleReadWrite(events)") < read.index("catch (const ::gloo::EnforceNot")
     assert "signalException(" in read and "    }\n    return;\n  }\nvoid Pair::signalException(" in read
     # horovodrun's build probe (gloo_built, mpi_built): the torch extension first (faster to import)
-    util = [p for p in every if p.path == "horovod/common/util.py"][0]
-    assert apply_patch(SDIST_LINES[util.path], util) == "EXTENSIONS = ['torch', 'tensorflow', 'mxnet']\n"
+    util = patched["horovod/common/util.py"]
+    assert util.startswith("EXTENSIONS = ['torch', 'tensorflow', 'mxnet']\n")
+    # ... and reads the build flags (not whether the extension imports) from its library alone,
+    # importing the extension as before where the library does not load
+    assert util.index("if fn_desc != 'built':") < util.index("ext = HorovodBasics(pkg, lib)") \
+        < util.index("except Exception:\n                    ext = None\n") < util.index("if ext is None:\n") \
+        < util.index("                ext = importlib.import_module(") < util.index("            result = fn(ext)")
+    body = util.split("\n", 1)[1]  # the check's try block, at its indentation in Horovod's function
+    compile("def check(fn_desc, ext_base_name, fn):\n    if True:\n" + body + "        except Exception:\n"
+            "            pass\n", "util.py", "exec")
     gpu = patches([Framework("torch", "2.14.1", "13.0")], gpu=True)
     assert not any(p.path.endswith("FindPytorch.cmake") for p in gpu)
     with pytest.raises(InstallError, match="not found in CMakeLists.txt"):
