@@ -166,20 +166,21 @@ def main():
     why = slowlink.unavailable(a.rate, isolate=a.rate != "none")
     if why:
         raise SystemExit(f"hvd_timeline: {why}")
-    with tempfile.TemporaryDirectory() as tmp:
-        tl = a.timeline or os.path.join(tmp, "timeline.json")
-        os.environ["HOROVOD_TIMELINE"] = tl
-        with slowlink.link(a.rate, isolate=a.rate != "none") as (prefix, gbit):
-            res = slowlink.run_job(prefix, "hvd_timeline.py", ["--worker", "--steps", str(a.steps)], timeout=900)
-        del os.environ["HOROVOD_TIMELINE"]
-        by_tensor = spans(load_events(tl))
-    # the first 5 steps are left out of the worker's times; the timeline holds every step
-    out = {"rate": a.rate, "measured_gbit_s": gbit, "steps": a.steps,
-           "methods": summarise(by_tensor, a.steps, res["times"])}
+
+    def run():
+        with tempfile.TemporaryDirectory() as tmp:
+            tl = a.timeline or os.path.join(tmp, "timeline.json")
+            os.environ["HOROVOD_TIMELINE"] = tl
+            with slowlink.link(a.rate, isolate=a.rate != "none") as (prefix, gbit):
+                res = slowlink.run_job(prefix, "hvd_timeline.py", ["--worker", "--steps", str(a.steps)],
+                                       timeout=900)
+            del os.environ["HOROVOD_TIMELINE"]
+            by_tensor = spans(load_events(tl))
+        # the first 5 steps are left out of the worker's times; the timeline holds every step
+        return {"rate": a.rate, "measured_gbit_s": gbit, "steps": a.steps,
+                "methods": summarise(by_tensor, a.steps, res["times"])}
     stem = os.path.join(RES, f"hvd_timeline_{a.rate}")
-    with open(stem + ".json", "w") as f:
-        json.dump(out, f)
-    md = report(out)
+    md = report(slowlink.saved_or_run(stem, False, run))
     with open(stem + ".md", "w") as f:
         f.write(md)
     print(md)
