@@ -25,7 +25,7 @@
 #       --network-interfaces hvdp0 python x.py
 #   OMPI_MCA_oob_tcp_if_include=hvdp0 two_node.sh exec DIR horovodrun ... --mpi ... (the same)
 #   two_node.sh exec DIR mpirun --allow-run-as-root -np 4 -H hvdpnodea:2,hvdpnodeb:2 \
-#       -bind-to none -map-by slot -mca pml ob1 -mca btl ^openib -mca btl_tcp_if_include hvdp0 \
+#       -bind-to none -map-by slot -mca pml ob1 -mca btl ^openib,ofi -mca btl_tcp_if_include hvdp0 \
 #       -mca oob_tcp_if_include hvdp0 -x OMP_NUM_THREADS -x PATH python x.py
 #   (ssh's port comes from the ssh config below, so plain mpirun needs no plm_rsh_args)
 # Touched outside DIR, each removed by `down` (and by the next `up` if its owner died):

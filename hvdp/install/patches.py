@@ -87,6 +87,35 @@ def _lost_peer_patches() -> Tuple[Patch, ...]:
     )
 
 
+def _mpirun_patches() -> Tuple[Patch, ...]:
+    """``horovodrun --mpi``'s Open MPI flags.
+
+    Horovod passes ``-mca pml ob1 -mca btl ^openib``. Open MPI 4.1's ``ofi`` BTL (built wherever
+    Open MPI is built with libfabric, as Debian's and Ubuntu's are) then loads, and its close
+    sleeps one second in ``MPI_Finalize``: every job's exit took 1 s more (only one-sided MPI
+    uses that BTL by default; Horovod's ob1 point-to-point and collectives do not). And since
+    Open MPI refuses an MCA parameter listed twice, ``--mpi-args="-mca btl ..."`` could not
+    replace Horovod's choice: the launch failed."""
+    run = "horovod/runner/mpi_run.py"
+    return (
+        Patch(run, r"^_OMPI_FLAGS = \['-mca pml ob1', '-mca btl \^openib'\]$",
+              "_OMPI_FLAGS = ['-mca pml ob1', '-mca btl ^openib,ofi']",
+              "every horovodrun --mpi job spent 1 s more in MPI_Finalize: Open MPI 4.1's ofi BTL, "
+              "loaded under Horovod's flags where Open MPI has libfabric (Debian's), sleeps 1 s when it "
+              "closes (a 2-rank job's exit here: 1.0 s -> 0.02 s); that BTL serves one-sided MPI only "
+              "by default, which Horovod does not use"),
+        Patch(run, r"^(    if mpi_impl_flags is None:\n        raise Exception\(_MPI_NOT_FOUND_ERROR_MSG\)\n)",
+              r"\1    # hvdp: an MCA parameter the user gives in --mpi-args replaces Horovod's default for it\n"
+              r"    import re as _re\n"
+              r"    _own = set(_re.findall(r'(?:^|\\s)--?mca\\s+(\\S+)', settings.extra_mpi_args or ''))\n"
+              r"    _param = [_re.match(r'--?mca\\s+(\\S+)', f) for f in mpi_impl_flags]\n"
+              r"    mpi_impl_flags = [f for f, m in zip(mpi_impl_flags, _param) if not (m and m.group(1) in _own)]\n",
+              "horovodrun --mpi --mpi-args='-mca btl ...' failed (Open MPI refuses an MCA parameter listed "
+              "twice, and Horovod always passes -mca pml and -mca btl): the user's value now replaces "
+              "Horovod's default for that parameter"),
+    )
+
+
 def patches(frameworks: Iterable[Framework], gpu: bool = False,
             cxx_version: Optional[str] = None) -> Tuple[Patch, ...]:
     """The source changes for these frameworks and compiler (each pattern must match the sdist)."""
@@ -169,6 +198,7 @@ def patches(frameworks: Iterable[Framework], gpu: bool = False,
                      "the build flags are functions of the extension's library, which loads alone in 0.16 s. "
                      "The library is asked first; where it does not load, the extension is imported as "
                      "before; whether an extension is available at all (--check-build) still imports it"))
+    out += _mpirun_patches()
     for fw in frameworks:
         if fw.name == "torch":
             std = cxx_standard(fw)

@@ -12,15 +12,16 @@ WORKERS = os.path.join(ROOT, "tests", "parallel", "workers")
 CONTROLLERS = ["gloo", "mpi"]
 
 
-def horovodrun(args, np=2, controller="gloo", timeout=240, env=None):
-    """Run ``horovodrun`` and return (returncode, combined output); a hang fails at ``timeout``."""
+def horovodrun(args, np=2, controller="gloo", timeout=240, env=None, launcher=()):
+    """Run ``horovodrun`` (``launcher``: more of its own options) and return (returncode,
+    combined output); a hang fails at ``timeout``."""
     exe = shutil.which("horovodrun", path=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
     if exe is None:
         pytest.skip("horovodrun not found: run `make setup`")
     full_env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", TF_CPP_MIN_LOG_LEVEL="2",
                     **(env or {}))
     full_env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + full_env["PATH"]
-    cmd = [exe, "-np", str(np), "-H", f"localhost:{np}", f"--{controller}", sys.executable] + list(args)
+    cmd = [exe, "-np", str(np), "-H", f"localhost:{np}", f"--{controller}", *launcher, sys.executable] + list(args)
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env, cwd=ROOT)
     except subprocess.TimeoutExpired as e:

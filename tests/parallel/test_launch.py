@@ -24,6 +24,21 @@ def test_init_with_mpi4py_communicator():
     assert rc == 0 and checks_passed(out).get("mpi4py") == {"0", "1"}, out[-3000:]
 
 
+def test_mpi_args_replace_horovods_own_open_mpi_flags():
+    """``horovodrun --mpi`` leaves Open MPI's ofi BTL out (its close sleeps 1 s in every job's
+    MPI_Finalize), and ``--mpi-args`` may name ``-mca btl`` or ``-mca pml``: Open MPI refuses a
+    parameter listed twice, so Horovod 0.28.1's launch failed (hvdp's build recipe,
+    hvdp/install/patches.py)."""
+    def launch(*launcher):
+        rc, out = horovodrun(["-c", "print('hvdp-launched')"], controller="mpi", launcher=["--verbose", *launcher])
+        assert rc == 0 and out.count("<stdout>:hvdp-launched") == 2, out[-3000:]
+        return next(ln for ln in out.splitlines() if ln.startswith("mpirun "))
+    line = launch()
+    assert " -mca pml ob1 " in line and " -mca btl ^openib,ofi " in line, line
+    line = launch("--mpi-args", "-mca btl ^openib")
+    assert line.count(" -mca btl ") == 1 and " -mca btl ^openib " in line and " -mca pml ob1 " in line, line
+
+
 def test_doctor_lists_frameworks_controllers_and_ops():
     r = subprocess.run([sys.executable, "-m", "hvdp", "doctor"], capture_output=True, text=True,
                        timeout=300, cwd=ROOT)

@@ -157,7 +157,7 @@ class TwoNodeCluster:
         channel on the veth too); ssh's port comes from the ssh config two_node.sh writes."""
         cmd = ["mpirun", "--allow-run-as-root", "--tag-output", "-np", str(np or self.np),
                "-H", self.hosts, "-bind-to", "none", "-map-by", "slot",
-               "-mca", "pml", "ob1", "-mca", "btl", "^openib",
+               "-mca", "pml", "ob1", "-mca", "btl", "^openib,ofi",
                "-mca", "btl_tcp_if_include", self.iface, "-mca", "oob_tcp_if_include", self.iface]
         env = self.env()
         for name in export:

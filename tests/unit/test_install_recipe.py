@@ -30,6 +30,10 @@ SDIST_LINES = {  # the lines of Horovod 0.28.1's sources that the patches rewrit
                               "        try:\n"
                               "            ext = importlib.import_module('.' + ext_base_name, 'horovod')\n"
                               "            result = fn(ext)\n",
+    "horovod/runner/mpi_run.py": "_OMPI_FLAGS = ['-mca pml ob1', '-mca btl ^openib']\n"
+                                 "    mpi_impl_flags, impl_binding_args, mpi = _get_mpi_implementation_flags(x)\n"
+                                 "    if mpi_impl_flags is None:\n        raise Exception(_MPI_NOT_FOUND_ERROR_MSG)\n"
+                                 "\n    impi_or_mpich = mpi in (_IMPI_IMPL, _MPICH_IMPL)\n",
     "third_party/gloo/gloo/transport/tcp/pair.cc": "  if (state_ == CONNECTED) {\n    handleReadWrite(events);\n"
                                                    "    return;\n  }\n"
                                                    "void Pair::signalException(std::exception_ptr ex) {\n"
@@ -66,7 +70,7 @@ def test_cxx_standard_follows_torch_version():
 
 def test_patches_rewrite_the_sdist_lines_and_fail_loudly_elsewhere():
     every = patches([Framework("torch", "2.14.1", "13.0"), Framework("tensorflow", "2.21.0")])
-    assert len(every) == 13
+    assert len(every) == 15
     patched = dict(SDIST_LINES)
     for p in every:
         out = apply_patch(SDIST_LINES[p.path], p)
@@ -114,6 +118,19 @@ def test_patches_rewrite_the_sdist_lines_and_fail_loudly_elsewhere():
     body = util.split("\n", 1)[1]  # the check's try block, at its indentation in Horovod's function
     compile("def check(fn_desc, ext_base_name, fn):\n    if True:\n" + body + "        except Exception:\n"
             "            pass\n", "util.py", "exec")
+    # horovodrun --mpi: Open MPI's ofi BTL (1 s of sleep when it closes) left out, and an MCA
+    # parameter of the user's own (--mpi-args) replaces Horovod's default for it
+    run = patched["horovod/runner/mpi_run.py"]
+    assert run.startswith("_OMPI_FLAGS = ['-mca pml ob1', '-mca btl ^openib,ofi']\n")
+    body = run.split("\n", 1)[1]
+    ns = {"_get_mpi_implementation_flags": lambda x: (["-mca pml ob1", "-mca btl ^openib,ofi", "-tcp"], [], "OpenMPI"),
+          "_MPI_NOT_FOUND_ERROR_MSG": "", "_IMPI_IMPL": "IntelMPI", "_MPICH_IMPL": "MPICH"}
+    exec(compile("def flags(settings, x=None):\n" + body + "    return mpi_impl_flags\n", "mpi_run.py", "exec"), ns)
+    given = {None: ["-mca pml ob1", "-mca btl ^openib,ofi", "-tcp"],
+             "-mca btl ^openib": ["-mca pml ob1", "-tcp"],
+             "-x A --mca pml ucx -mca btl_tcp_if_include lo": ["-mca btl ^openib,ofi", "-tcp"]}
+    for extra, want in given.items():
+        assert ns["flags"](type("S", (), {"extra_mpi_args": extra})) == want, extra
     gpu = patches([Framework("torch", "2.14.1", "13.0")], gpu=True)
     assert not any(p.path.endswith("FindPytorch.cmake") for p in gpu)
     with pytest.raises(InstallError, match="not found in CMakeLists.txt"):
