@@ -24,6 +24,16 @@ always follows the same one); the first 5 steps are not counted.
 - With overlap the same bits as without: checked here on the final parameters of each pair, and
   in ``make test`` (tests/parallel/workers/overlap_checks.py).
 
+``--emulate``: the same runs with the GPT's compute replaced by sleeps of the same length (its
+forward and backward measured first in the same job, shared over the model's layers by their
+parameters), so that the host's cores are free while "compute" runs, as they are while an
+accelerator computes. Each layer's parameters keep the GPT's shapes and order (and names, with
+``blocks_0`` for ``blocks.0``), and get
+their gradients (a fixed random tensor each) when the emulated backward reaches them, after that
+layer's sleep, as the GPT's do. On these two cores the real GPT keeps both busy with the two
+ranks' compute, so Horovod's and Gloo's threads progress a reduction only in what is left: this
+run tells that cost apart from the reduction's own order. Results: ``results/overlap_emulated.*``.
+
 Needs root (a namespace and tc); about 5 minutes on two idle cores.
 """
 import argparse
@@ -56,6 +66,94 @@ def methods():
     return out
 
 
+def emulated(base, fwd_s, bwd_s):
+    """A model with ``base``'s parameters (shapes, order) whose forward and backward take
+    ``fwd_s`` and ``bwd_s`` of sleep, shared by parameter count over its layers (the embeddings,
+    each block, the final norm, the head; see the module's docstring). ``model(x)`` -> a scalar
+    loss; each parameter's gradient is a fixed random tensor of its shape."""
+    import torch
+
+    class Sleep(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, h, fwd, bwd):
+            time.sleep(fwd)
+            ctx.bwd = bwd
+            return h.clone()
+
+        @staticmethod
+        def backward(ctx, g):
+            time.sleep(ctx.bwd)
+            return g, None, None
+
+    class Emulated(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.groups = []  # (module name, its parameters' names), in the GPT's forward order
+            for name, child in base.named_children():
+                kids = list(child.children()) if isinstance(child, torch.nn.Sequential) else [child]
+                for i, kid in enumerate(kids):
+                    key = f"{name}.{i}" if isinstance(child, torch.nn.Sequential) else name
+                    self.groups.append((key, [f"{key}.{k}" for k, _ in kid.named_parameters()]))
+                    self.add_module(key.replace(".", "_"), copy.deepcopy(kid))
+            gen = torch.Generator().manual_seed(SEED)
+            self.noise = {k: torch.randn(p.shape, generator=gen) * 1e-3 for k, p in base.named_parameters()}
+            total = sum(p.numel() for p in base.parameters())
+            self.share = [sum(self.noise[k].numel() for k in names) / total for _, names in self.groups]
+            self.fwd_s, self.bwd_s = fwd_s, bwd_s
+
+        def forward(self, x):
+            params = dict(self.named_parameters())
+            h = torch.zeros(())
+            for (key, names), share in zip(self.groups, self.share):
+                mod = key.replace(".", "_")
+                for k in names:  # a gradient for each parameter: its noise tensor
+                    h = h + (params[mod + k[len(key):]] * self.noise[k]).sum()
+                h = Sleep.apply(h, self.fwd_s * share, self.bwd_s * share)  # its backward first
+            return h
+
+    return Emulated()
+
+
+def emulated_step(opt, model, hvdp):
+    """tta.train_step with the emulated model: forward, backward, clip (after synchronize for
+    hvdp), step."""
+    import torch
+    opt.zero_grad()
+    loss = model(None)
+    loss.backward()
+    if hvdp:
+        opt.synchronize()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        with opt.skip_synchronize():
+            opt.step()
+    else:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+    return loss
+
+
+def measure_gpt(base, data, sz, autocast, steps=7):
+    """The GPT's forward and backward seconds on this rank (medians of ``steps`` after 2)."""
+    import numpy as np
+    import torch.nn.functional as F
+    sys.path.insert(0, os.path.join(os.path.dirname(HERE), "examples"))
+    from torch_gpt import batch
+    m = copy.deepcopy(base)
+    fwd, bwd = [], []
+    for s in range(steps + 2):
+        x, y = batch(data, np.random.default_rng([SEED, s]), sz["batch"], sz["context"])
+        t0 = time.perf_counter()
+        with autocast():
+            loss = F.cross_entropy(m(x).float().flatten(0, 1), y.flatten())
+        t1 = time.perf_counter()
+        loss.backward()
+        t2 = time.perf_counter()
+        m.zero_grad()
+        fwd.append(t1 - t0)
+        bwd.append(t2 - t1)
+    return statistics.median(fwd[2:]), statistics.median(bwd[2:])
+
+
 def worker(a):
     import numpy as np
     import torch
@@ -75,6 +173,12 @@ def worker(a):
     def autocast():
         return torch.autocast("cpu", dtype=torch.bfloat16)
 
+    timing = None
+    if a.emulate:  # both ranks measure the GPT, then agree on the slower rank's times
+        t = hvd.allreduce(torch.tensor(measure_gpt(base, data, sz, autocast), dtype=torch.float64),
+                          op=hvd.Max, name="overlap.gpt_times")
+        timing = t.tolist()
+        base = emulated(base, *timing)
     runs = []
     for label, codec, size, ov in methods():
         m = copy.deepcopy(base)
@@ -102,11 +206,15 @@ def worker(a):
             r = runs[j]                                                      # the same on every rank
             hvd.allreduce(torch.zeros(1), name="overlap.barrier")
             before, t0 = tx(), time.perf_counter()
-            train_step(r["opt"], r["model"], r["model"], x, y, autocast, r["label"] != "compute only")
+            if timing:
+                emulated_step(r["opt"], r["model"], r["label"] != "compute only")
+            else:
+                train_step(r["opt"], r["model"], r["model"], x, y, autocast, r["label"] != "compute only")
             r["times"].append(time.perf_counter() - t0)
             hvd.allreduce(torch.zeros(1), name="overlap.barrier")  # both ranks' sends counted
             r["wire"].append((tx() - before) / hvd.size())
-    out = {"steps": a.steps, "skip": SKIP, "params": sum(p.numel() for p in base.parameters()), "runs": {}}
+    out = {"steps": a.steps, "skip": SKIP, "params": sum(p.numel() for p in base.parameters()), "runs": {},
+           "emulated_fwd_bwd_s": timing}
     for i, r in enumerate(runs):
         t = hvd.allreduce(torch.tensor(r["times"], dtype=torch.float64), op=hvd.Max, name=f"overlap.max.{i}")
         row = {"step_s": t.tolist(), "wire_bytes": r["wire"], "buckets": r["buckets"]}
@@ -137,9 +245,15 @@ def report(res):
     runs, gbit = res["runs"], res["measured_gbit_s"]
     compute = statistics.median(runs["compute only"]["step_s"][SKIP:])
     link = f"{gbit * 1000:.0f} Mbit/s"
-    lines = [f"# Overlap of the exchange with the backward pass ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
-             f"`benchmarks/overlap.py`)", "",
-             f"The GPT ({res['params']:,} parameters), 2 workers, `horovodrun --gloo`, link shaped to {res['rate']} "
+    emu = res.get("emulated_fwd_bwd_s")
+    what = (f"The GPT's parameters ({res['params']:,}) with its compute emulated by sleeps (forward "
+            f"{emu[0] * 1000:.0f} ms, backward {emu[1] * 1000:.0f} ms, as measured for the GPT first in the same job: "
+            "the cores free while it \"computes\", as with an accelerator; `--emulate`)" if emu else
+            f"The GPT ({res['params']:,} parameters)")
+    lines = [f"# Overlap of the exchange with the backward pass{', emulated compute' if emu else ''} "
+             f"({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
+             f"`benchmarks/overlap.py{' --emulate' if emu else ''}`)", "",
+             f"{what}, 2 workers, `horovodrun --gloo`, link shaped to {res['rate']} "
              f"(measured {link}), {res['steps']} steps per run taken in turns, the first {SKIP} not counted; step: "
              f"the slower rank's median. Compute only: {compute * 1000:.0f} ms. The run took "
              f"{res['job_s'] / 60:.1f} min; load average {os.getloadavg()[0]:.1f} when written.", "",
@@ -172,6 +286,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rate", default="100mbit")
     ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--emulate", action="store_true", help="the GPT's compute as sleeps (module docstring)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--json-out", help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -182,13 +297,15 @@ def main():
         raise SystemExit(f"overlap.py: {why}")
     t0 = time.time()
     with slowlink.link(a.rate) as (prefix, gbit):
-        res = slowlink.run_job(prefix, "overlap.py", ["--worker", "--steps", str(a.steps)], timeout=1800)
+        res = slowlink.run_job(prefix, "overlap.py", ["--worker", "--steps", str(a.steps)]
+                               + (["--emulate"] if a.emulate else []), timeout=1800)
     res.update(rate=a.rate, measured_gbit_s=gbit, job_s=time.time() - t0)
     md, rows = report(res)
     res["summary"] = rows
-    with open(os.path.join(RES, "overlap.json"), "w") as f:
+    stem = os.path.join(RES, "overlap_emulated" if a.emulate else "overlap")
+    with open(stem + ".json", "w") as f:
         json.dump(res, f)
-    with open(os.path.join(RES, "overlap.md"), "w") as f:
+    with open(stem + ".md", "w") as f:
         f.write(md)
     print(md)
 
