@@ -102,7 +102,7 @@ def _mpirun_patches() -> Tuple[Patch, ...]:
               "_OMPI_FLAGS = ['-mca pml ob1', '-mca btl ^openib,ofi']",
               "every horovodrun --mpi job spent 1 s more in MPI_Finalize: Open MPI 4.1's ofi BTL, "
               "loaded under Horovod's flags where Open MPI has libfabric (Debian's), sleeps 1 s when it "
-              "closes (a 2-rank job's exit here: 1.0 s -> 0.02 s); that BTL serves one-sided MPI only "
+              "closes (a 2-rank job's shutdown here: 1.0 s -> 0.05 s); that BTL serves one-sided MPI only "
               "by default, which Horovod does not use"),
         Patch(run, r"^(    if mpi_impl_flags is None:\n        raise Exception\(_MPI_NOT_FOUND_ERROR_MSG\)\n)",
               r"\1    # hvdp: an MCA parameter the user gives in --mpi-args replaces Horovod's default for it\n"
