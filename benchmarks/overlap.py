@@ -24,6 +24,9 @@ always follows the same one); the first 5 steps are not counted.
 - With overlap the same bits as without: checked here on the final parameters of each pair, and
   in ``make test`` (tests/parallel/workers/overlap_checks.py).
 
+``--sweep``: int4 only, in 256 KiB, 1 MiB and 2 MiB buckets besides the two above (results
+``results/overlap_sweep*``).
+
 ``--emulate``: the same runs with the GPT's compute replaced by sleeps of the same length (its
 forward and backward measured first in the same job, shared over the model's layers by their
 parameters), so that the host's cores are free while "compute" runs, as they are while an
@@ -56,11 +59,15 @@ SKIP = 5
 LIMIT_RATIO = 1.15  # issue 36: int4's step time <= 1.15 x its limit
 
 
-def methods():
+SWEEP_KIB = (256, 1024, 2048)  # --sweep: int4 at these bucket sizes too (overlap on and off)
+
+
+def methods(sweep=False):
     """(label, codec, bucket bytes or None for the default, overlap)."""
     out = []
-    for codec in ("int4", "int8"):
-        for buckets, size in (("1 bucket", None), ("512 KiB buckets", SMALL)):
+    sizes = [("1 bucket", None), ("512 KiB buckets", SMALL)]
+    for codec in ("int4",) if sweep else ("int4", "int8"):
+        for buckets, size in sizes + ([(f"{k} KiB buckets", k * 1024) for k in SWEEP_KIB] if sweep else []):
             for ov in (False, True):
                 out.append((f"{codec}, {buckets}, overlap {'on' if ov else 'off'}", codec, size, ov))
     return out
@@ -180,7 +187,7 @@ def worker(a):
         timing = t.tolist()
         base = emulated(base, *timing)
     runs = []
-    for label, codec, size, ov in methods():
+    for label, codec, size, ov in methods(a.sweep):
         m = copy.deepcopy(base)
         os.environ["HVDP_OVERLAP"] = "1" if ov else "0"
         policy = hvd.CompressionPolicy(fusion_threshold_bytes=size) if size else None
@@ -224,7 +231,7 @@ def worker(a):
             row["params_sum"] = float(sum(p.double().sum() for p in r["model"].parameters()))
             row["params"] = [p.detach().clone() for p in r["model"].parameters()]
         out["runs"][r["label"]] = row
-    for label, _, _, ov in methods():  # with overlap the same bits as without
+    for label, _, _, ov in methods(a.sweep):  # with overlap the same bits as without
         if ov:
             off = out["runs"][label.replace("overlap on", "overlap off")]["params"]
             out["runs"][label]["same_bits_as_off"] = all(torch.equal(p, q) for p, q in
@@ -287,6 +294,7 @@ def main():
     ap.add_argument("--rate", default="100mbit")
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--emulate", action="store_true", help="the GPT's compute as sleeps (module docstring)")
+    ap.add_argument("--sweep", action="store_true", help="int4 only, also in 256 KiB, 1 MiB and 2 MiB buckets")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--json-out", help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -298,11 +306,12 @@ def main():
     t0 = time.time()
     with slowlink.link(a.rate) as (prefix, gbit):
         res = slowlink.run_job(prefix, "overlap.py", ["--worker", "--steps", str(a.steps)]
-                               + (["--emulate"] if a.emulate else []), timeout=1800)
+                               + (["--emulate"] if a.emulate else []) + (["--sweep"] if a.sweep else []),
+                               timeout=1800)
     res.update(rate=a.rate, measured_gbit_s=gbit, job_s=time.time() - t0)
     md, rows = report(res)
     res["summary"] = rows
-    stem = os.path.join(RES, "overlap_emulated" if a.emulate else "overlap")
+    stem = os.path.join(RES, "overlap" + ("_sweep" if a.sweep else "") + ("_emulated" if a.emulate else ""))
     with open(stem + ".json", "w") as f:
         json.dump(res, f)
     with open(stem + ".md", "w") as f:
