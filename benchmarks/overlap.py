@@ -51,7 +51,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import breakdown  # noqa: E402
 import slowlink  # noqa: E402
-from tta import LO_TX, PEAK_LR, SEED, SIZES, train_step  # noqa: E402
+from tta import LO_TX, PEAK_LR, SEED, SIZES, clip_and_step, train_step  # noqa: E402
 
 RES = os.path.join(HERE, "results")
 SMALL = 512 * 1024  # bytes of float32 per bucket for the several-bucket runs
@@ -122,20 +122,11 @@ def emulated(base, fwd_s, bwd_s):
 
 
 def emulated_step(opt, model, hvdp):
-    """tta.train_step with the emulated model: forward, backward, clip (after synchronize for
-    hvdp), step."""
-    import torch
+    """tta.train_step with the emulated model: forward, backward, then tta's clip and step."""
     opt.zero_grad()
     loss = model(None)
     loss.backward()
-    if hvdp:
-        opt.synchronize()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        with opt.skip_synchronize():
-            opt.step()
-    else:
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+    clip_and_step(opt, model, hvdp)
     return loss
 
 

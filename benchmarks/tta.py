@@ -120,12 +120,19 @@ def train_step(opt, model, net, x, y, autocast, hvdp):
     """One training step of the GPT: forward under ``autocast``, backward, the gradients' global
     norm clipped (``net``: the module whose parameters they are), the optimizer's step; an hvdp
     optimizer (``hvdp``) synchronizes first, so the clip sees the averaged gradients. -> loss."""
-    import torch
     import torch.nn.functional as F
     opt.zero_grad()
     with autocast():
         loss = F.cross_entropy(model(x).float().flatten(0, 1), y.flatten())
     loss.backward()
+    clip_and_step(opt, net, hvdp)
+    return loss
+
+
+def clip_and_step(opt, net, hvdp):
+    """After backward: the gradients' global norm clipped, the optimizer's step; an hvdp
+    optimizer (``hvdp``) synchronizes first, so the clip sees the averaged gradients."""
+    import torch
     if hvdp:
         opt.synchronize()  # the averaged gradients in p.grad: clip the global norm
         torch.nn.utils.clip_grad_norm_(net.parameters(), CLIP)
@@ -134,7 +141,6 @@ def train_step(opt, model, net, x, y, autocast, hvdp):
     else:  # DDP (averaged once backward returns) and "compute only" (no communication)
         torch.nn.utils.clip_grad_norm_(net.parameters(), CLIP)
         opt.step()
-    return loss
 
 
 class Run:
