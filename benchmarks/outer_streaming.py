@@ -105,9 +105,8 @@ def report(results):
             lines.append(f"- {label}: skipped ({(runs or {}).get('skipped', 'not run')})")
             continue
         lines += ["", f"**{label}** (measured {mid([r['measured_gbit_s'] or float('nan') for r in runs], '{:.4f}')} "
-                  f"Gbit/s): compute only {mid([r['compute_s'] for r in runs], '{:.4f}')} s/step"
-                  + (f" (mean {mid([r['compute_mean_s'] for r in runs], '{:.4f}')})" if all(
-                      r.get("compute_mean_s") for r in runs) else "") + "; ranks identical "
+                  f"Gbit/s): compute only {mid([r['compute_s'] for r in runs], '{:.4f}')} s/step (mean "
+                  f"{mid([r['compute_mean_s'] for r in runs], '{:.4f}')}); ranks identical "
                   "at T after the last sync: " + ", ".join(f"{sum(r['ranks_identical_at_T'].values())} of "
                                                            f"{len(r['ranks_identical_at_T'])}" for r in runs), "",
                   "| method | step (s, median) | step (s, mean) | compute utilisation | compute only's mean ÷ mean "
@@ -115,9 +114,9 @@ def report(results):
                   "|---|---|---|---|---|---|---|"]
         for k in runs[0]["methods"]:
             col = {f: [r["methods"][k][f] for r in runs] for f in runs[0]["methods"][k]}
-            of_means = mid(col["utilisation_of_means"], "{:.3f}") if "utilisation_of_means" in col else "—"
             lines.append(f"| {k} | {mid(col['step_median'], '{:.4f}')} | {mid(col['step_mean'], '{:.4f}')} | "
-                         f"{mid(col['utilisation'], '{:.3f}')} | {of_means} | {mid(col['mb_per_step'], '{:.3f}')} | "
+                         f"{mid(col['utilisation'], '{:.3f}')} | {mid(col['utilisation_of_means'], '{:.3f}')} | "
+                         f"{mid(col['mb_per_step'], '{:.3f}')} | "
                          f"{mid(col['final_loss'], '{:.4f}')} |")
             if rate == "100mbit" and "streaming" in k and "OVERLAP=0" not in k:
                 u = statistics.median(col["utilisation"])

@@ -95,26 +95,23 @@ def emulated(base, fwd_s, bwd_s):
     class Emulated(torch.nn.Module):
         def __init__(self):
             super().__init__()
-            self.groups = []  # (module name, its parameters' names), in the GPT's forward order
-            for name, child in base.named_children():
-                kids = list(child.children()) if isinstance(child, torch.nn.Sequential) else [child]
-                for i, kid in enumerate(kids):
-                    key = f"{name}.{i}" if isinstance(child, torch.nn.Sequential) else name
-                    self.groups.append((key, [f"{key}.{k}" for k, _ in kid.named_parameters()]))
-                    self.add_module(key.replace(".", "_"), copy.deepcopy(kid))
             gen = torch.Generator().manual_seed(SEED)
-            self.noise = {k: torch.randn(p.shape, generator=gen) * 1e-3 for k, p in base.named_parameters()}
             total = sum(p.numel() for p in base.parameters())
-            self.share = [sum(self.noise[k].numel() for k in names) / total for _, names in self.groups]
+            self.layers = []  # (module name, its parameters' noise, its share), in forward order
+            for name, child in base.named_children():
+                seq = isinstance(child, torch.nn.Sequential)
+                for i, kid in enumerate(child.children() if seq else [child]):
+                    key = f"{name}_{i}" if seq else name
+                    self.add_module(key, copy.deepcopy(kid))
+                    noise = [torch.randn(p.shape, generator=gen) * 1e-3 for p in kid.parameters()]
+                    self.layers.append((key, noise, sum(n.numel() for n in noise) / total))
             self.fwd_s, self.bwd_s = fwd_s, bwd_s
 
         def forward(self, x):
-            params = dict(self.named_parameters())
             h = torch.zeros(())
-            for (key, names), share in zip(self.groups, self.share):
-                mod = key.replace(".", "_")
-                for k in names:  # a gradient for each parameter: its noise tensor
-                    h = h + (params[mod + k[len(key):]] * self.noise[k]).sum()
+            for key, noise, share in self.layers:
+                for p, n in zip(getattr(self, key).parameters(), noise):  # its gradient: the noise
+                    h = h + (p * n).sum()
                 h = Sleep.apply(h, self.fwd_s * share, self.bwd_s * share)  # its backward first
             return h
 
