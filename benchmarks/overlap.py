@@ -26,7 +26,7 @@ always follows the same one); the first 5 steps are not counted.
 - With overlap the same bits as without: checked here on the final parameters of each pair, and
   in ``make test`` (tests/parallel/workers/overlap_checks.py).
 
-``--sweep``: int4 only, in 256 KiB, 1 MiB and 2 MiB buckets besides the two above (results
+``--sweep``: int4 only, in 256 KiB, 1 MiB and 2 MiB buckets besides the three above (results
 ``results/overlap_sweep*``).
 
 ``--emulate``: the same runs with the GPT's compute replaced by sleeps of the same length (its
@@ -69,10 +69,10 @@ def methods(sweep=False):
     out = []
     # the policy's arguments: the defaults (a 1 MiB first bucket, then 16 MiB ones: two buckets
     # for the GPT), one bucket (no smaller first one), 512 KiB buckets
-    sizes = [("default buckets", {}), ("1 bucket", {"first_bucket_bytes": 0}),
-             ("512 KiB buckets", {"fusion_threshold_bytes": SMALL})]
+    layouts = [("default buckets", {}), ("1 bucket", {"first_bucket_bytes": 0}),
+               ("512 KiB buckets", {"fusion_threshold_bytes": SMALL})]
     for codec in ("int4",) if sweep else ("int4", "int8"):
-        for buckets, kw in sizes + ([(f"{k} KiB buckets", {"fusion_threshold_bytes": k * 1024})
+        for buckets, kw in layouts + ([(f"{k} KiB buckets", {"fusion_threshold_bytes": k * 1024})
                                      for k in SWEEP_KIB] if sweep else []):
             for ov in (False, True):
                 out.append((f"{codec}, {buckets}, overlap {'on' if ov else 'off'}", codec, kw, ov))
