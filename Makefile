@@ -5,6 +5,8 @@ PY    := $(VENV)/bin/python
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 export OMP_NUM_THREADS ?= 1
 export TF_CPP_MIN_LOG_LEVEL ?= 2
+# a rank waiting in an Open MPI collective yields its core (see tests/conftest.py)
+export OMPI_MCA_mpi_yield_when_idle ?= 1
 COMPRESSION ?= int8
 
 .PHONY: setup demo test test-unit test-parallel doctor docs convergence bench clean
