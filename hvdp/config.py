@@ -29,6 +29,7 @@ HVDP_FLIGHT_RECORDS = "HVDP_FLIGHT_RECORDS"              # collectives in the fl
 HVDP_FLIGHT_DIR = "HVDP_FLIGHT_DIR"                      # where flight records are dumped (flight.py)
 HVDP_EXIT_WAIT_SECONDS = "HVDP_EXIT_WAIT_SECONDS"      # 0: a rank's exit waits for no other (exits.py)
 HVDP_OVERLAP = "HVDP_OVERLAP"                            # 0: a bucket's next phase waits for step() (drive.py)
+HVDP_SLEEPING_WAIT = "HVDP_SLEEPING_WAIT"                # 0: Horovod's spinning wait (hvdp.torch waits)
 HVDP_DDP_ADDR = "HVDP_DDP_ADDR"                          # examples/benchmarks: DDP's Gloo rendezvous address
 HVDP_DDP_PORT = "HVDP_DDP_PORT"                          # examples/benchmarks: DDP's Gloo rendezvous port
 HOROVOD_ELASTIC = "HOROVOD_ELASTIC"                      # 1: an elastic job (horovodrun sets it)
@@ -146,6 +147,12 @@ def overlap(environ: Environ = None) -> bool:
     return env_bool(HVDP_OVERLAP, True, environ)
 
 
+def sleeping_wait(environ: Environ = None) -> bool:
+    """``HVDP_SLEEPING_WAIT`` (default on): hvdp.torch waits for Horovod's collectives by sleeping
+    between polls; off: by Horovod's own spinning wait (a core per waiting rank, the lowest latency)."""
+    return env_bool(HVDP_SLEEPING_WAIT, True, environ)
+
+
 def kernels_mode(environ: Environ = None) -> str:
     """``HVDP_KERNELS``: ``auto`` (default: kernels where one serves) or ``off`` (array ops)."""
     return env_choice(HVDP_KERNELS, KERNEL_MODES, "auto", environ)
@@ -186,7 +193,7 @@ def elastic_mode(environ: Environ = None) -> bool:
     return (environ if environ is not None else os.environ).get(HOROVOD_ELASTIC) == "1"
 
 
-_CHECKS = (compile_codecs_default, check_agreement, failure_board, kernels_mode, overlap,
+_CHECKS = (compile_codecs_default, check_agreement, failure_board, kernels_mode, overlap, sleeping_wait,
            lambda env: fusion_threshold_bytes(1, env), lambda env: min_compress_elements(0, env),
            lambda env: ddp_port(1, env), stall_timeout_s, flight_records, exit_wait_s)
 

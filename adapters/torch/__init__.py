@@ -32,11 +32,15 @@ from .ops import TorchOps  # noqa: F401
 from .distributed import DistributedOptimizer  # noqa: F401
 from .outer import OuterOptimizer  # noqa: F401  (outer steps every H inner steps: hvdp.outer)
 from .watched import watched_collectives as _watched_collectives
+from . import waits as _waits
 from hvdp.cluster import exits as _exits
 
 # Horovod's blocking collectives (hvd.allreduce, hvd.broadcast_object, ...) under the stall
 # watchdog: a rank that never arrives is named within HVDP_STALL_TIMEOUT_SECONDS
 globals().update(_watched_collectives())
+# every wait for a horovod.torch collective in this process sleeps between polls instead of
+# spinning a core (hvdp.torch.waits; HVDP_SLEEPING_WAIT=0 keeps Horovod's)
+_waits.install()
 # Horovod's shutdown, first waiting for the other ranks to end where hvdp made process sets
 # smaller than the job (a two-level reduction, a mesh: hvdp.cluster.exits)
 shutdown = _exits.ending(shutdown)  # noqa: F405

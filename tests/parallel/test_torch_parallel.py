@@ -13,7 +13,7 @@ pytestmark = pytest.mark.parallel
 
 CHECKS = ["grad_average", "two_equal_one", "bpps", "broadcast", "amp", "codecs", "powersgd", "powersgd_ddp", "state",
           "nonfinite", "errors", "warmup", "sparse_unused_empty", "checkpoint",
-          "save_for_other_size", "elastic_restore", "horovod_options", "freed", "overlap"]
+          "save_for_other_size", "elastic_restore", "horovod_options", "freed", "overlap", "sleeping_wait"]
 
 
 DISK_SKIPPED = {}  # controller -> why its job ran without the full / read-only disk check

@@ -36,6 +36,7 @@ def test_elastic_mode_reads_horovod_elastic(monkeypatch):
 BOOLEANS = [  # (variable, its reader on a mapping, default)
     ("HVDP_COMPILE_CODECS", config.compile_codecs_default, False),
     ("HVDP_OVERLAP", config.overlap, True),
+    ("HVDP_SLEEPING_WAIT", config.sleeping_wait, True),
     ("HVDP_CHECK_AGREEMENT", agreement.enabled, True),
     ("HVDP_FAILURE_BOARD", lambda env: board_from_env(dict(env, PMIX_NAMESPACE="job-7")) is not None, True),
 ]

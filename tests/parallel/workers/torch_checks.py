@@ -441,6 +441,7 @@ CHECKS = {
     "elastic_restore": check_restore_after_failed_step,
     "horovod_options": check_horovod_options,
     "overlap": lambda: __import__("overlap_checks").check_overlap(),
+    "sleeping_wait": lambda: __import__("torch_wait_checks").check_waits_sleep(),
 }
 
 if __name__ == "__main__":
