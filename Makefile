@@ -5,8 +5,6 @@ PY    := $(VENV)/bin/python
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 export OMP_NUM_THREADS ?= 1
 export TF_CPP_MIN_LOG_LEVEL ?= 2
-# a rank waiting in an Open MPI collective yields its core (see tests/conftest.py)
-export OMPI_MCA_mpi_yield_when_idle ?= 1
 COMPRESSION ?= int8
 
 .PHONY: setup demo test test-unit test-parallel doctor docs convergence bench clean
@@ -17,6 +15,9 @@ setup:
 # horovodrun tags every write with its rank ("[1,0]<stderr>:"); the tags are stripped so that
 # rank 0's progress bar redraws in place. TensorFlow's start-up banner (horovodrun imports TF to
 # probe the build) is dropped.
+# a rank waiting in an Open MPI collective yields its core (the demo's 2 ranks share the machine;
+# tests/conftest.py sets the same for the tests; `make bench` runs as the machine's default)
+demo: export OMPI_MCA_mpi_yield_when_idle ?= 1
 demo: setup
 	set -o pipefail; timeout 900 horovodrun -np 2 -H localhost:2 $(PY) examples/torch_digits.py \
 	    --compression $(COMPRESSION) 2>&1 | sed -u -e 's/\[[0-9,]*\]<std[a-z]*>://g' \
