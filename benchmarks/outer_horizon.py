@@ -25,6 +25,7 @@ import slowlink  # noqa: E402
 
 RES = os.path.join(HERE, "results")
 DP = "fp32 DP (hvdp none)"
+SHOWN_EVERY = 320  # the table's columns: every outer_tta.py horizon, and T
 
 
 def methods(sz, rate):
@@ -51,20 +52,16 @@ def run(seeds):
 def report(runs, took):
     labels = list(runs[0]["evals"])
     steps = [s for s, _ in runs[0]["evals"][DP]]
+    shown = [i for i, s in enumerate(steps) if s % SHOWN_EVERY == 0 or s == steps[-1]]
     lines = [f"Outer steps over a longer run: outer_tta.py's GPT, 2 workers, T = 1280 (four times outer_tta's "
              f"horizon; the cosine schedule stretched to T), unthrottled loopback, {len(runs)} seeds; the run took "
              f"{took / 60:.1f} min. Ranks identical at T after the last sync (per seed): "
              + ", ".join(str(r["ranks_identical_at_T"]) for r in runs) + ".", "",
              "Held-out loss ÷ fp32 DP's at the same step, mean of the seeds (each seed's at T in the last column):", "",
-             "| method | " + " | ".join(f"step {s}" for s in steps if s % 320 == 0 or s == steps[-1])
-             + " | loss at T (per seed) |",
-             "|---|" + "---|" * (len([s for s in steps if s % 320 == 0 or s == steps[-1]]) + 1)]
+             "| method | " + " | ".join(f"step {steps[i]}" for i in shown) + " | loss at T (per seed) |",
+             "|---|" + "---|" * (len(shown) + 1)]
     for lab in labels:
-        cells = []
-        for i, s in enumerate(steps):
-            if not (s % 320 == 0 or s == steps[-1]):
-                continue
-            cells.append(f"{statistics.mean(r['evals'][lab][i][1] / r['evals'][DP][i][1] for r in runs):.3f}")
+        cells = [f"{statistics.mean(r['evals'][lab][i][1] / r['evals'][DP][i][1] for r in runs):.3f}" for i in shown]
         at_t = ", ".join(f"{r['evals'][lab][-1][1]:.4f}" for r in runs)
         lines.append(f"| {lab} | " + " | ".join(cells) + f" | {at_t} |")
     default = [r["evals"]["hvdp outer H8 int8 W0 (the default)"][-1][1] / r["evals"][DP][-1][1] for r in runs]
