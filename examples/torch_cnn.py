@@ -17,7 +17,7 @@ import torch.nn.functional as F
 import hvdp.torch as hvd
 from workload_data import digits_images, shift_batch
 from workload_ddp import add_ddp_args, nominal_wire_ratio, wrap
-from workload_torch import (add_compression_args, average_buffers, compression_kwargs, progress,
+from workload_torch import (add_compression_args, average_buffers, distributed, progress,
                             ranks_max_diff, summary_line, write_json)
 
 
@@ -112,7 +112,7 @@ def main(argv=None):
         ratio = nominal_wire_ratio(model, args.ddp_hook)
         model, codec = wrap(model, args.ddp_hook, args.seed, args.powersgd_start)
     else:
-        opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(), **compression_kwargs(args))
+        opt = distributed(opt, model, args)
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
         hvd.broadcast_optimizer_state(opt, root_rank=0)
 

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 import hvdp.torch as hvd
 from workload_data import corpus_summary, stdlib_corpus
 from workload_ddp import add_ddp_args, nominal_wire_ratio, wrap
-from workload_torch import (add_compression_args, compression_kwargs, progress, ranks_max_diff,
+from workload_torch import (add_compression_args, distributed, progress, ranks_max_diff,
                             summary_line, write_json)
 
 
@@ -132,8 +132,7 @@ def main(argv=None):
         model, codec = wrap(model, args.ddp_hook, args.seed, args.powersgd_start,
                             bucket_cap_mb=1024 if args.accumulate > 1 else None)  # broadcasts rank 0's
     else:
-        opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
-                                       backward_passes_per_step=args.accumulate, **compression_kwargs(args))
+        opt = distributed(opt, model, args, backward_passes_per_step=args.accumulate)
     total_steps = args.epochs * args.steps_per_epoch
     if args.max_steps:
         total_steps = min(total_steps, args.max_steps)
@@ -174,7 +173,7 @@ def main(argv=None):
                         loss = F.cross_entropy(model(x).float().flatten(0, 1), y.flatten())
                     (loss / args.accumulate).backward()
                 step_loss += loss.item() / args.accumulate
-            if args.ddp_hook:  # DDP's gradients are averaged once backward returns
+            if args.ddp_hook or args.sync_every:  # DDP's (and a warm-up's) averages are in p.grad already
                 torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
                 opt.step()
             else:

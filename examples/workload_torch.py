@@ -12,6 +12,14 @@ def add_compression_args(p):
                    "where hvdp.torch offers it)")
     p.add_argument("--topk-ratio", type=float, default=0.01)
     p.add_argument("--no-error-feedback", action="store_true")
+    p.add_argument("--sync-every", type=int, default=0, help="outer steps (hvd.OuterOptimizer): H inner "
+                   "steps between syncs, the pseudo-gradients in --compression; 0: every step")
+    p.add_argument("--warmup-steps", type=int, default=None, help="with --sync-every: synchronous steps "
+                   "first (default: hvd.OuterOptimizer's)")
+    p.add_argument("--outer-lr", type=float, default=None, help="with --sync-every: the outer SGD's lr "
+                   "(default: hvd.OuterOptimizer's; 1 with --outer-momentum 0 averages the parameters)")
+    p.add_argument("--outer-momentum", type=float, default=None, help="with --sync-every: the outer SGD's "
+                   "Nesterov momentum (default: hvd.OuterOptimizer's; 0: plain outer SGD)")
 
 
 def compression_kwargs(args):
@@ -21,6 +29,20 @@ def compression_kwargs(args):
         compression = hvd.Compression.topk.configure(ratio=args.topk_ratio)
     policy = hvd.CompressionPolicy(error_feedback=False) if args.no_error_feedback else None
     return {"compression": compression, "policy": policy}
+
+
+def distributed(opt, model, args, **kwargs):
+    """``opt`` wrapped as the arguments ask: ``hvd.DistributedOptimizer`` (every step), or
+    ``hvd.OuterOptimizer`` with ``--sync-every`` (its buffers averaged at the syncs)."""
+    named = model.named_parameters()
+    if not args.sync_every:
+        return hvd.DistributedOptimizer(opt, named_parameters=named, **compression_kwargs(args), **kwargs)
+    given = {"warmup_steps": args.warmup_steps, "outer_lr": args.outer_lr, "outer_momentum": args.outer_momentum}
+    outer = {k: v for k, v in given.items() if v is not None}
+    if args.outer_momentum is not None:
+        outer["nesterov"] = args.outer_momentum > 0
+    return hvd.OuterOptimizer(opt, named_parameters=named, sync_every=args.sync_every,
+                              buffers=model.named_buffers(), **outer, **compression_kwargs(args))
 
 
 def average_buffers(model):
@@ -49,6 +71,9 @@ def progress(total, desc, show):
 
 def summary_line(opt):
     stats = opt.compression_stats()
+    if "outer" in stats:  # hvd.OuterOptimizer: bytes per inner step against float32's every step
+        ratio = stats["sent_per_inner_step"] / stats["fp32_per_step_of_data_parallelism"]
+        return stats["outer"], ratio, f"outer steps {stats['outer']}: wire bytes {ratio:.3f} of float32 per step"
     wire = stats["total"]["all"]
     return stats["codec"], wire["ratio"], (
         f"compression {stats['codec']} ({stats['compressed_tensors']} tensors compressed, "

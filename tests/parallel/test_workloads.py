@@ -58,6 +58,19 @@ def test_example_trains_identically_on_every_rank(name, k, tmp_root):
     assert abs(int8 / base - 1) <= CURVE_TOLERANCE, f"{name}: mean loss none {base:.4f}, int8 {int8:.4f}"
 
 
+def test_cnn_through_outer_steps(tmp_root):
+    """The examples' --sync-every: hvd.OuterOptimizer (int8 pseudo-gradients, H = 4, 8 warm-up
+    steps) trains the CNN; after the last step (a sync) every rank holds the same model, and a
+    step sends a quarter of an int8 step's bytes on average."""
+    results = run_example("torch_cnn", tmp_root)
+    outer, int8 = results["outer"], results["int8"]
+    assert outer["codec"].startswith("H=4 ") and "W=8" in outer["codec"], outer["codec"]
+    assert outer["steps"] == 28 and outer["ranks_max_diff"] == 0.0, (outer["steps"], outer["ranks_max_diff"])
+    first, last = head_tail(outer["train_curve"], 5)
+    assert last < 0.9 * first, f"outer steps: loss {first:.4f} -> {last:.4f} did not fall"
+    assert abs(outer["wire_ratio"] / (int8["wire_ratio"] / 4) - 1) < 0.05, (outer["wire_ratio"], int8["wire_ratio"])
+
+
 def test_gpt_resumes_from_its_checkpoint(tmp_root):
     results = run_example("torch_gpt", tmp_root)
     full, resumed = results["int8"], results["resumed"]

@@ -2,8 +2,9 @@
 
     python workload_runs.py <torch_cnn|torch_gpt|keras_cnn> <out_dir>
 
-Writes ``<out_dir>/<example>-<codec>.json`` (the example's --json-out); the GPT also resumes
-from its checkpoint for one more epoch (``torch_gpt-resumed.json``) and runs through torch DDP,
+Writes ``<out_dir>/<example>-<codec>.json`` (the example's --json-out); the CNN also runs outer
+steps (``torch_cnn-outer.json``); the GPT also resumes from its checkpoint for one more epoch
+(``torch_gpt-resumed.json``) and runs through torch DDP,
 plain and with PowerSGD rank 4 (``torch_gpt-ddp.json``, ``torch_gpt-ddp-powersgd4.json``).
 """
 import importlib
@@ -28,6 +29,9 @@ def main():
     for codec in ("none", "int8"):
         extra = ["--checkpoint", os.path.join(out, f"{name}-{codec}.ckpt")] if name == "torch_gpt" else []
         run(SMALL[name] + extra + ["--compression", codec, "--json-out", os.path.join(out, f"{name}-{codec}.json")])
+    if name == "torch_cnn":  # outer steps (--sync-every): 28 steps, the last one a sync at H = 4
+        run(SMALL[name] + ["--compression", "int8", "--sync-every", "4", "--warmup-steps", "8", "--max-steps", "28",
+                           "--json-out", os.path.join(out, f"{name}-outer.json")])
     if name == "torch_gpt":  # the checkpoint holds 2 epochs: a third resumes from it
         args = list(SMALL[name])
         args[args.index("--epochs") + 1] = "3"

@@ -1,0 +1,105 @@
+"""Outer steps on a second model (issue 35): does what the GPT showed hold for the CNN?
+
+The GPT of outer_tta.py / outer_warmup.py / outer_horizon.py (inner AdamW) ends 1.17-1.31 x fp32
+data parallelism's held-out loss with DiLoCo's outer SGD and no warm-up, 0.98 after W = 96
+synchronous steps, and 1.03-1.06 with parameter averaging. This stage runs the same outer
+configurations on examples/torch_cnn.py (conv + batch norm on the digits images, inner SGD with
+momentum 0.9, lr 0.05 per worker with cosine decay, batch 32 per worker), 2 workers, 248 steps
+(the last one a sync for W = 0 and W = 96 at H = 8), 3 seeds, in one horovodrun job on the
+loopback (the loss does not depend on the link):
+
+    python benchmarks/outer_cnn.py [--seeds 0 1 2]   # -> results/outer_cnn.{json,md}
+
+Rows: fp32 data parallelism (hvdp none), int8 every step, and hvdp.OuterOptimizer at H = 8 with
+int8 pseudo-gradients: DiLoCo's outer SGD (hvdp's default: Nesterov, lr 0.7, momentum 0.9) and
+parameter averaging (outer lr 1, no momentum), each with W = 0 and W = 96.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+RES = os.path.join(HERE, "results")
+BASE = ["--epochs", "12", "--max-steps", "248", "--batch-size", "32", "--quiet"]
+OUTER = ["--compression", "int8", "--sync-every", "8"]
+AVERAGING = ["--outer-lr", "1", "--outer-momentum", "0"]
+CONFIGS = [
+    ("fp32 DP (hvdp none)", ["--compression", "none"]),
+    ("hvdp int8, every step", ["--compression", "int8"]),
+    ("DiLoCo H8 int8, W = 0", OUTER + ["--warmup-steps", "0"]),
+    ("DiLoCo H8 int8, W = 96", OUTER + ["--warmup-steps", "96"]),
+    ("averaging H8 int8, W = 0", OUTER + AVERAGING + ["--warmup-steps", "0"]),
+    ("averaging H8 int8, W = 96", OUTER + AVERAGING + ["--warmup-steps", "96"]),
+]
+
+
+def worker(seeds, out_dir):
+    """Inside horovodrun: every (configuration, seed) run in turn, one JSON file each."""
+    sys.path.insert(0, os.path.join(ROOT, "examples"))
+    from torch_cnn import main
+    for i, (_, args) in enumerate(CONFIGS):
+        for s in seeds:
+            main(BASE + args + ["--seed", str(s), "--json-out", os.path.join(out_dir, f"{i}-{s}.json")])
+
+
+def run(seeds, out_dir):
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
+               PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
+    cmd = ["horovodrun", "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, os.path.abspath(__file__),
+           "--worker", "--out-dir", out_dir, "--seeds"] + [str(s) for s in seeds]
+    t0 = time.time()
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, env=env)
+    if r.returncode != 0:
+        raise SystemExit(f"run failed: {' '.join(cmd)}\n{(r.stdout + r.stderr)[-3000:]}")
+    runs = {label: [json.load(open(os.path.join(out_dir, f"{i}-{s}.json"))) for s in seeds]
+            for i, (label, _) in enumerate(CONFIGS)}
+    return runs, time.time() - t0
+
+
+def report(runs, took):
+    base = runs[CONFIGS[0][0]]
+    first = base[0]
+    lines = [f"Outer steps on the CNN (examples/torch_cnn.py; inner SGD, momentum 0.9), 2 workers, {first['steps']} "
+             f"steps of global batch {first['global_batch']}, seeds {[r['seed'] for r in base]}, loopback; the run "
+             f"took {took / 60:.1f} min. Test loss and accuracy at the last step (a sync for every outer row: "
+             "the ranks' largest difference in the last column).", "",
+             "| method | test loss, mean (per seed) | ÷ fp32 DP's (mean of per-seed ratios) | test accuracy, mean "
+             "(per seed) | wire bytes ÷ fp32 per step | ranks differ by |", "|---|---|---|---|---|---|"]
+    for label, rs in runs.items():
+        loss = [r["test_loss"] for r in rs]
+        ratio = statistics.mean(r["test_loss"] / b["test_loss"] for r, b in zip(rs, base))
+        acc = [r["test_accuracy"] for r in rs]
+        lines.append(f"| {label} | {statistics.mean(loss):.4f} ({', '.join(f'{v:.4f}' for v in loss)}) "
+                     f"| {ratio:.3f} | {statistics.mean(acc):.4f} ({', '.join(f'{v:.4f}' for v in acc)}) "
+                     f"| {statistics.mean(r['wire_ratio'] for r in rs):.3f} "
+                     f"| {max(r['ranks_max_diff'] for r in rs):.3g} |")
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--out-dir", default=None, help="the runs' JSON files (default: a temporary directory)")
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.worker:
+        return worker(a.seeds, a.out_dir)
+    import tempfile
+    out_dir = a.out_dir or tempfile.mkdtemp(prefix="outer_cnn-")
+    runs, took = run(a.seeds, out_dir)
+    md = report(runs, took)
+    print(md)
+    os.makedirs(RES, exist_ok=True)
+    with open(os.path.join(RES, "outer_cnn.json"), "w") as f:
+        json.dump({"took_s": took, "args": BASE, "configs": CONFIGS, "runs": runs}, f)
+    with open(os.path.join(RES, "outer_cnn.md"), "w") as f:
+        f.write(md)
+
+
+if __name__ == "__main__":
+    main()
