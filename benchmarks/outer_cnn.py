@@ -4,7 +4,8 @@ The GPT of outer_tta.py / outer_warmup.py / outer_horizon.py (inner AdamW) ends 
 data parallelism's held-out loss with DiLoCo's outer SGD and no warm-up, 0.98 after W = 96
 synchronous steps, and 1.03-1.06 with parameter averaging. This stage runs the same outer
 configurations on examples/torch_cnn.py (conv + batch norm on the digits images, inner SGD with
-momentum 0.9, lr 0.05 per worker with cosine decay, batch 32 per worker), 2 workers, 248 steps
+momentum 0.9, lr 0.05 per worker with cosine decay, batch 32 per worker; then the same with an
+inner AdamW, lr 3e-3 per worker), 2 workers, 248 steps
 (the last one a sync for W = 0 and W = 96 at H = 8), 3 seeds, in one horovodrun job on the
 loopback (the loss does not depend on the link):
 
@@ -12,7 +13,8 @@ loopback (the loss does not depend on the link):
 
 Rows: fp32 data parallelism (hvdp none), int8 every step, and hvdp.OuterOptimizer at H = 8 with
 int8 pseudo-gradients: DiLoCo's outer SGD (hvdp's default: Nesterov, lr 0.7, momentum 0.9) and
-parameter averaging (outer lr 1, no momentum), each with W = 0 and W = 96.
+parameter averaging (outer lr 1, no momentum), each with W = 0 and W = 96; each row's loss ÷
+fp32 DP's with the same inner optimizer.
 """
 import argparse
 import json
@@ -28,13 +30,21 @@ RES = os.path.join(HERE, "results")
 BASE = ["--epochs", "12", "--max-steps", "248", "--batch-size", "32", "--quiet"]
 OUTER = ["--compression", "int8", "--sync-every", "8"]
 AVERAGING = ["--outer-lr", "1", "--outer-momentum", "0"]
+ADAMW = ["--optimizer", "adamw", "--lr", "3e-3"]  # per worker (the example scales it by the size)
+FP32 = "fp32 DP (hvdp none)"
 CONFIGS = [
-    ("fp32 DP (hvdp none)", ["--compression", "none"]),
+    (FP32, ["--compression", "none"]),
     ("hvdp int8, every step", ["--compression", "int8"]),
     ("DiLoCo H8 int8, W = 0", OUTER + ["--warmup-steps", "0"]),
     ("DiLoCo H8 int8, W = 96", OUTER + ["--warmup-steps", "96"]),
     ("averaging H8 int8, W = 0", OUTER + AVERAGING + ["--warmup-steps", "0"]),
     ("averaging H8 int8, W = 96", OUTER + AVERAGING + ["--warmup-steps", "96"]),
+    # the same with an inner AdamW (appended: the rows above keep their files' indexes)
+    ("AdamW: " + FP32, ADAMW + ["--compression", "none"]),
+    ("AdamW: DiLoCo H8 int8, W = 0", ADAMW + OUTER + ["--warmup-steps", "0"]),
+    ("AdamW: DiLoCo H8 int8, W = 96", ADAMW + OUTER + ["--warmup-steps", "96"]),
+    ("AdamW: averaging H8 int8, W = 0", ADAMW + OUTER + AVERAGING + ["--warmup-steps", "0"]),
+    ("AdamW: averaging H8 int8, W = 96", ADAMW + OUTER + AVERAGING + ["--warmup-steps", "96"]),
 ]
 
 
@@ -62,15 +72,16 @@ def run(seeds, out_dir):
 
 
 def report(runs, took):
-    base = runs[CONFIGS[0][0]]
-    first = base[0]
-    lines = [f"Outer steps on the CNN (examples/torch_cnn.py; inner SGD, momentum 0.9), 2 workers, {first['steps']} "
-             f"steps of global batch {first['global_batch']}, seeds {[r['seed'] for r in base]}, loopback; the run "
-             f"took {took / 60:.1f} min. Test loss and accuracy at the last step (a sync for every outer row: "
-             "the ranks' largest difference in the last column).", "",
+    first = runs[FP32][0]
+    lines = [f"Outer steps on the CNN (examples/torch_cnn.py), 2 workers, {first['steps']} steps of global batch "
+             f"{first['global_batch']}, seeds {[r['seed'] for r in runs[FP32]]}, loopback; the run took "
+             f"{took / 60:.1f} min. Inner SGD with momentum 0.9 (lr 0.05 per worker); the rows 'AdamW:' an inner "
+             "AdamW (lr 3e-3 per worker), ÷ fp32 DP's with AdamW. Test loss and accuracy at the last step (a "
+             "sync for every outer row: the ranks' largest difference in the last column).", "",
              "| method | test loss, mean (per seed) | ÷ fp32 DP's (mean of per-seed ratios) | test accuracy, mean "
              "(per seed) | wire bytes ÷ fp32 per step | ranks differ by |", "|---|---|---|---|---|---|"]
     for label, rs in runs.items():
+        base = runs["AdamW: " + FP32 if label.startswith("AdamW") else FP32]  # the same inner optimizer's
         loss = [r["test_loss"] for r in rs]
         ratio = statistics.mean(r["test_loss"] / b["test_loss"] for r, b in zip(rs, base))
         acc = [r["test_accuracy"] for r in rs]

@@ -76,7 +76,7 @@ STAGES = [
      lambda: python([os.path.join(HERE, "outer_warmup.py")], timeout=5400)),
     ("outer steps over a run four times as long (T = 1280, loopback, 3 seeds)",
      lambda: python([os.path.join(HERE, "outer_horizon.py")], timeout=3600)),
-    ("outer steps on a second model (the CNN, inner SGD with momentum; 3 seeds)",
+    ("outer steps on a second model (the CNN, inner SGD and AdamW; 3 seeds)",
      lambda: python([os.path.join(HERE, "outer_cnn.py")], timeout=1800)),
     ("outer steps against torchft's DiLoCo after the same warm-up (H = 16; loopback, 100 and 10 Mbit/s)",
      lambda: python([os.path.join(HERE, "outer_warmup.py"), "--peer", "torchft"], timeout=5400)),

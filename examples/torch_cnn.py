@@ -27,6 +27,8 @@ def parse_args(argv=None):
     p.add_argument("--max-steps", type=int, default=0, help="stop after this many steps (0: all)")
     p.add_argument("--batch-size", type=int, default=32, help="per worker")
     p.add_argument("--lr", type=float, default=0.05, help="for one worker; scaled by size")
+    p.add_argument("--optimizer", choices=("sgd", "adamw"), default="sgd", help="SGD with momentum 0.9, or AdamW "
+                   "(give it its own --lr, e.g. 2e-3)")
     p.add_argument("--width", type=int, default=32, help="channels of the first conv layer")
     p.add_argument("--sync-bn", action="store_true", help="batch statistics over all workers' "
                    "samples: Horovod's SyncBatchNorm on a GPU, CpuSyncBatchNorm on CPU")
@@ -107,7 +109,10 @@ def main(argv=None):
     xtr, ytr, xte, yte = digits_images()
     xte, yte, ytr_t = torch.from_numpy(xte), torch.from_numpy(yte), torch.from_numpy(ytr)
     model = make_model(args.width, args.sync_bn)
-    opt = torch.optim.SGD(model.parameters(), lr=args.lr * hvd.size(), momentum=0.9, weight_decay=5e-4)
+    if args.optimizer == "adamw":
+        opt = torch.optim.AdamW(model.parameters(), lr=args.lr * hvd.size(), weight_decay=5e-4)
+    else:
+        opt = torch.optim.SGD(model.parameters(), lr=args.lr * hvd.size(), momentum=0.9, weight_decay=5e-4)
     if args.ddp_hook:  # the peers' comparison: torch DDP with one of its hooks instead of hvdp
         ratio = nominal_wire_ratio(model, args.ddp_hook)
         model, codec = wrap(model, args.ddp_hook, args.seed, args.powersgd_start)
