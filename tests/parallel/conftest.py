@@ -1,9 +1,11 @@
 """Helpers for tests that run real ``horovodrun -np 2 -H localhost:2`` jobs."""
+import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -22,12 +24,25 @@ def horovodrun(args, np=2, controller="gloo", timeout=240, env=None, launcher=()
                     **(env or {}))
     full_env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + full_env["PATH"]
     cmd = [exe, "-np", str(np), "-H", f"localhost:{np}", f"--{controller}", *launcher, sys.executable] + list(args)
+    t0 = time.monotonic()
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env, cwd=ROOT)
     except subprocess.TimeoutExpired as e:
         out = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
         pytest.fail(f"horovodrun timed out after {timeout}s (a hang):\n{out[-3000:]}")
+    log_job(args, np, controller, time.monotonic() - t0, r.returncode)
     return r.returncode, r.stdout + r.stderr
+
+
+def log_job(args, np, controller, seconds, rc):
+    """HVDP_TEST_JOBLOG=<file>: one JSON line per horovodrun job (the test, the worker and its
+    arguments, the seconds it took), to see where the suite's time goes."""
+    path = os.environ.get("HVDP_TEST_JOBLOG")
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps({"test": os.environ.get("PYTEST_CURRENT_TEST", "").split(" ")[0], "np": np,
+                                "controller": controller, "args": [str(a).replace(ROOT + "/", "") for a in args],
+                                "seconds": round(seconds, 2), "rc": rc}) + "\n")
 
 
 def first_error(output, lines=60):
