@@ -40,6 +40,7 @@ def main():
     p.add_argument("--log-dir")
     p.add_argument("--step-sleep", type=float, default=0.0)
     p.add_argument("--outer-every", type=int, default=0, help="H: outer steps every H inner steps (0: off)")
+    p.add_argument("--warmup-steps", type=int, default=0, help="W: synchronous steps before the outer steps")
     p.add_argument("--die-at", type=int, default=0, help="commit after which the worker on --die-host dies")
     p.add_argument("--die-host", default="127.0.0.1")
     args = p.parse_args()
@@ -61,7 +62,7 @@ def main():
                               keras.layers.Dense(256, activation="relu"), keras.layers.Dense(10)])
     if args.outer_every:  # inner steps are local: their lr does not scale with the workers
         opt = hvd.OuterOptimizer(keras.optimizers.SGD(args.lr, momentum=0.9), sync_every=args.outer_every,
-                                 compression=args.compression)
+                                 compression=args.compression, warmup_steps=args.warmup_steps)
     else:
         opt = hvd.DistributedOptimizer(keras.optimizers.SGD(args.lr * hvd.size(), momentum=0.9),
                                        compression=args.compression)

@@ -16,14 +16,14 @@ runs no collective and copies nothing to the host for it.
 
 Example::
 
-    opt = hvd.OuterOptimizer(keras.optimizers.AdamW(1e-3), sync_every=8, compression="int8")
+    opt = hvd.OuterOptimizer(keras.optimizers.AdamW(1e-3), sync_every=8, compression="int8", warmup_steps=96)
     model.compile(optimizer=opt, loss="sparse_categorical_crossentropy")
     model.fit(x, y, callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
 """
 import keras
 import numpy as np
 
-from hvdp.outer import HIERARCHICAL_REFUSAL, OuterLoop, OuterSettings, outer_codec
+from hvdp.outer import HIERARCHICAL_REFUSAL, OuterLoop, OuterSettings, outer_codec, warmup_steps_of
 from hvdp.outer.loop import split
 from hvdp.outer.stats import stats
 from hvdp.reduce.collectives import AVERAGE
@@ -276,7 +276,7 @@ class _Outer:
 
 
 def OuterOptimizer(optimizer, sync_every=None, outer_lr=0.7, outer_momentum=0.9, nesterov=True, compression="none",
-                   fragments=1, delay=0, mix=0.0, warmup_steps=0, policy=None, buffers=None, hierarchical=False,
+                   fragments=1, delay=0, mix=0.0, warmup_steps=None, policy=None, buffers=None, hierarchical=False,
                    process_set=None, warmup_compression="none"):
     """Outer steps around a Keras optimizer (DiLoCo; local SGD with ``outer_lr=1, outer_momentum=0``).
 
@@ -289,6 +289,7 @@ def OuterOptimizer(optimizer, sync_every=None, outer_lr=0.7, outer_momentum=0.9,
         fragments, delay, mix: streaming (``hvdp.outer.OuterSettings``).
         warmup_steps: W synchronous steps first (the gradients averaged before each inner step,
             as ``start_localSGD_iter`` of PyTorch's post-local SGD); the intervals start after them.
+            Not given: 0, and rank 0 warns (``hvdp.outer.NoWarmupWarning``): from scratch, give one.
         warmup_compression: the warm-up steps' codec: "none" (float32) or "fp16", "bf16", "int8",
             "int4", "topk" (each step as ``hvd.DistributedOptimizer`` with that compression).
         policy: an ``hvdp.CompressionPolicy``.
@@ -309,8 +310,8 @@ def OuterOptimizer(optimizer, sync_every=None, outer_lr=0.7, outer_momentum=0.9,
                          "wrap the plain Keras optimizer in one of them")
     codec, hvd_compressor = outer_codec(resolve(compression), "compression", compression)
     wcodec, whvd = outer_codec(resolve(warmup_compression), "warmup_compression", warmup_compression)
-    outer = OuterSettings(sync_every, outer_lr, outer_momentum, nesterov, fragments, delay, mix, warmup_steps,
-                          wcodec.name)
+    outer = OuterSettings(sync_every, outer_lr, outer_momentum, nesterov, fragments, delay, mix,
+                          warmup_steps_of(warmup_steps, B.hvd.rank()), wcodec.name)
     rs = ReduceSettings.from_user(codec, hvd_compressor, policy, extra=(("outer", outer.describe()),))
     warmup = None
     if outer.warmup_compression != "none":

@@ -6,14 +6,14 @@ Example::
 
     opt = hvd.OuterOptimizer(torch.optim.AdamW(model.parameters(), 1e-3),
                              named_parameters=model.named_parameters(), sync_every=8,
-                             compression="int8", buffers=model.named_buffers())
+                             compression="int8", warmup_steps=96, buffers=model.named_buffers())
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
 """
 import horovod.torch as _hvd
 import torch
 
 from hvdp.config import overlap
-from hvdp.outer import HIERARCHICAL_REFUSAL, OuterLoop, OuterSettings, outer_codec
+from hvdp.outer import HIERARCHICAL_REFUSAL, OuterLoop, OuterSettings, outer_codec, warmup_steps_of
 from hvdp.outer.loop import split
 from hvdp.outer.stats import stats
 from hvdp.reduce.collectives import SUM
@@ -277,7 +277,7 @@ def is_outer_class(cls) -> bool:
 
 
 def OuterOptimizer(optimizer, named_parameters=None, sync_every=None, outer_lr=0.7, outer_momentum=0.9,
-                   nesterov=True, compression="none", fragments=1, delay=0, mix=0.0, warmup_steps=0, policy=None,
+                   nesterov=True, compression="none", fragments=1, delay=0, mix=0.0, warmup_steps=None, policy=None,
                    buffers=None, hierarchical=False, process_set=_hvd.global_process_set, warmup_compression="none",
                    backward_passes_per_step=1):
     """Outer steps around ``optimizer`` (DiLoCo; local SGD with ``outer_lr=1, outer_momentum=0``).
@@ -293,6 +293,7 @@ def OuterOptimizer(optimizer, named_parameters=None, sync_every=None, outer_lr=0
         fragments, delay, mix: streaming (``hvdp.outer.OuterSettings``).
         warmup_steps: W synchronous steps first (the gradients averaged before each inner step,
             as ``start_localSGD_iter`` of PyTorch's post-local SGD); the intervals start after them.
+            Not given: 0, and rank 0 warns (``hvdp.outer.NoWarmupWarning``): from scratch, give one.
         warmup_compression: the warm-up steps' codec: "none" (float32) or "fp16", "bf16", "int8",
             "int4", "topk" (each step as ``hvd.DistributedOptimizer`` with that compression,
             error feedback included); on a slow link the float32 warm-up costs the most.
@@ -313,8 +314,8 @@ def OuterOptimizer(optimizer, named_parameters=None, sync_every=None, outer_lr=0
         raise ValueError(HIERARCHICAL_REFUSAL)
     codec, hvd_compressor = outer_codec(resolve(compression), "compression", compression)
     warm = outer_codec(resolve(warmup_compression), "warmup_compression", warmup_compression)
-    outer = OuterSettings(sync_every, outer_lr, outer_momentum, nesterov, fragments, delay, mix, warmup_steps,
-                          warm[0].name)
+    outer = OuterSettings(sync_every, outer_lr, outer_momentum, nesterov, fragments, delay, mix,
+                          warmup_steps_of(warmup_steps, _hvd.rank()), warm[0].name)
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_OuterOptimizer.__dict__))
     return cls(optimizer.param_groups, named_parameters, outer, codec, hvd_compressor, policy,
                list(buffers) if buffers is not None else None, process_set, warm, backward_passes_per_step)

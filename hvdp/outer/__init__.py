@@ -12,6 +12,6 @@ moves the global parameters, from which every worker continues.
 - ``stats``: what an outer-step optimizer's ``compression_stats()`` returns.
 """
 from .loop import OuterLoop
-from .settings import HIERARCHICAL_REFUSAL, OuterSettings, outer_codec
+from .settings import HIERARCHICAL_REFUSAL, NoWarmupWarning, OuterSettings, outer_codec, warmup_steps_of
 
-__all__ = ["HIERARCHICAL_REFUSAL", "OuterLoop", "OuterSettings", "outer_codec"]
+__all__ = ["HIERARCHICAL_REFUSAL", "NoWarmupWarning", "OuterLoop", "OuterSettings", "outer_codec", "warmup_steps_of"]

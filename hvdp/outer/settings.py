@@ -7,8 +7,9 @@ Example::
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
-from typing import Any, Tuple, Union
+from typing import Any, Optional, Tuple, Union
 
 from ..codecs.auto import Auto
 from ..reduce.settings import is_low_rank
@@ -21,6 +22,28 @@ HIERARCHICAL_REFUSAL = (
     "Fix: drop hierarchical=True (a sync's bytes are already 1/sync_every of a per-step exchange's), or "
     "use hvd.DistributedOptimizer(..., hierarchical=True) to reduce every step in two levels")
 
+NO_WARMUP = (
+    "hvd.OuterOptimizer without warmup_steps: outer steps from the first step. That suits a model that is "
+    "already trained; from scratch, outer steps from step 0 ended 17-31% above data parallelism's held-out "
+    "loss with the default outer SGD on hvdp's GPT benchmark (2% below it after 96 synchronous steps), and on "
+    "its CNN only parameter averaging (outer_lr=1.0, outer_momentum=0.0, nesterov=False) matched data "
+    "parallelism. Pass warmup_steps=W (synchronous steps first), or warmup_steps=0 to start outer steps at "
+    "once without this warning; see docs/outer-steps.md")
+
+
+class NoWarmupWarning(UserWarning):
+    """``hvd.OuterOptimizer`` made without ``warmup_steps`` (rank 0 warns once per optimizer)."""
+
+
+def warmup_steps_of(warmup_steps: Optional[int], rank: int) -> Any:
+    """An ``hvd.OuterOptimizer``'s ``warmup_steps`` argument: None (not given) is 0, with a
+    :class:`NoWarmupWarning` on rank 0; a value given is returned as it is (``OuterSettings``
+    checks it)."""
+    if warmup_steps is not None:
+        return warmup_steps
+    if rank == 0:
+        warnings.warn(NO_WARMUP, NoWarmupWarning, stacklevel=3)
+    return 0
 
 
 def outer_codec(resolved: Tuple[Any, Any], arg: str, value: Any) -> Tuple[Any, Any]:

@@ -292,6 +292,17 @@ def test_outer_codec_names_the_codecs_it_takes():
     assert OuterSettings(sync_every=4, warmup=5, warmup_compression="int8").describe().endswith(" W=5/int8")
 
 
+def test_warmup_steps_not_given_is_none_with_a_warning_on_rank_0():
+    import warnings
+    from hvdp.outer import NoWarmupWarning, warmup_steps_of
+    with pytest.warns(NoWarmupWarning, match="without warmup_steps.*warmup_steps=0 to start outer steps at once"):
+        assert warmup_steps_of(None, 0) == 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no warning: another rank, or a value given (0 included)
+        assert warmup_steps_of(None, 1) == 0
+        assert warmup_steps_of(0, 0) == 0 and warmup_steps_of(96, 0) == 96
+
+
 def test_a_fragment_in_flight_cannot_be_saved_and_settings_must_match():
     settings = OuterSettings(sync_every=4, fragments=2, delay=1)
     _, _, saved = run(settings, 4, stop_at=3)  # fragment 0 syncs at 4, fragment 1 at 2: lands at 3

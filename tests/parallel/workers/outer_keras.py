@@ -364,6 +364,15 @@ def check_warmup_codec():
 
 
 def check_refusals():
+    # warmup_steps not given: rank 0 warns once; given (0 too): no warning
+    import warnings
+    from hvdp.outer import NoWarmupWarning
+    for kwargs, warned in (({}, hvd.rank() == 0), ({"warmup_steps": 0}, False)):
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            hvd.OuterOptimizer(keras.optimizers.SGD(0.1), sync_every=4, **kwargs)
+        got = [w for w in seen if issubclass(w.category, NoWarmupWarning)]
+        assert len(got) == int(warned), (kwargs, [str(w.message) for w in got])
     for kwargs, text in (({}, "needs sync_every=H"), ({"sync_every": 4, "compression": "powersgd"}, "not one here"),
                          ({"sync_every": 4, "fragments": 5}, "more than sync_every"),
                          ({"sync_every": 4, "warmup_steps": -1}, "warmup must be an integer >= 0"),
