@@ -76,6 +76,8 @@ STAGES = [
      lambda: python([os.path.join(HERE, "outer_warmup.py")], timeout=5400)),
     ("outer steps over a run four times as long (T = 1280, loopback, 3 seeds)",
      lambda: python([os.path.join(HERE, "outer_horizon.py")], timeout=3600)),
+    ("the link through an int4 step: when each bucket starts, the release bound (100 Mbit/s)",
+     lambda: python([os.path.join(HERE, "link_timeline.py")], timeout=1800)),
     ("outer steps on a second model (the CNN, inner SGD and AdamW; 3 seeds)",
      lambda: python([os.path.join(HERE, "outer_cnn.py")], timeout=1800)),
     ("outer steps against torchft's DiLoCo after the same warm-up (H = 16; loopback, 100 and 10 Mbit/s)",
