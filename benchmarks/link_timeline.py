@@ -28,8 +28,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import slowlink  # noqa: E402
-from overlap import SMALL, emulated, measure_gpt  # noqa: E402
-from tta import LO_TX, PEAK_LR, SEED, SIZES, clip_and_step  # noqa: E402
+from overlap import SMALL, gpt_setup  # noqa: E402
+from tta import LO_TX, PEAK_LR, SEED, clip_and_step  # noqa: E402
 
 RES = os.path.join(HERE, "results")
 SKIP = 5
@@ -39,22 +39,8 @@ def worker(a):
     import numpy as np
     import torch
     import hvdp.torch as hvd
-    sys.path.insert(0, os.path.join(os.path.dirname(HERE), "examples"))
-    from torch_gpt import GPT, batch
-    from workload_data import stdlib_corpus
-    sz = SIZES["full"]
-    hvd.init()
-    torch.set_num_threads(1)
-    torch.manual_seed(SEED)
-    base = GPT(sz["layers"], sz["d_model"], sz["heads"], sz["context"])
-    data, _ = stdlib_corpus()
-
-    def autocast():
-        return torch.autocast("cpu", dtype=torch.bfloat16)
-    if a.emulate:
-        t = hvd.allreduce(torch.tensor(measure_gpt(base, data, sz, autocast), dtype=torch.float64),
-                          op=hvd.Max, name="timeline.gpt_times")
-        base = emulated(base, *t.tolist())
+    base, data, sz, autocast, _ = gpt_setup(hvd, a.emulate)
+    from torch_gpt import batch
     m = copy.deepcopy(base)
     os.environ["HVDP_OVERLAP"] = "1"
     opt = hvd.DistributedOptimizer(torch.optim.AdamW(m.parameters(), lr=PEAK_LR, betas=(0.9, 0.95)),

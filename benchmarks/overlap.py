@@ -155,13 +155,13 @@ def measure_gpt(base, data, sz, autocast, steps=7):
     return statistics.median(fwd[2:]), statistics.median(bwd[2:])
 
 
-def worker(a):
-    import numpy as np
+def gpt_setup(hvd, emulate):
+    """In a worker, after the imports: ``hvd.init()``, the GPT (``SIZES["full"]``), its corpus and
+    autocast; with ``emulate`` the GPT measured on both ranks, then replaced by ``emulated`` with
+    the slower rank's times. -> (model, data, size, autocast, (fwd_s, bwd_s) or None)."""
     import torch
-
-    import hvdp.torch as hvd
     sys.path.insert(0, os.path.join(os.path.dirname(HERE), "examples"))
-    from torch_gpt import GPT, batch
+    from torch_gpt import GPT
     from workload_data import stdlib_corpus
 
     sz = SIZES["full"]
@@ -175,11 +175,22 @@ def worker(a):
         return torch.autocast("cpu", dtype=torch.bfloat16)
 
     timing = None
-    if a.emulate:  # both ranks measure the GPT, then agree on the slower rank's times
+    if emulate:  # both ranks measure the GPT, then agree on the slower rank's times
         t = hvd.allreduce(torch.tensor(measure_gpt(base, data, sz, autocast), dtype=torch.float64),
                           op=hvd.Max, name="overlap.gpt_times")
         timing = t.tolist()
         base = emulated(base, *timing)
+    return base, data, sz, autocast, timing
+
+
+def worker(a):
+    import numpy as np
+    import torch
+
+    import hvdp.torch as hvd
+
+    base, data, sz, autocast, timing = gpt_setup(hvd, a.emulate)
+    from torch_gpt import batch  # (examples/ is on the path now)
     runs = []
     for label, codec, kw, ov in methods(a.sweep):
         m = copy.deepcopy(base)
