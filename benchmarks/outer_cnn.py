@@ -48,35 +48,49 @@ CONFIGS = [
 ]
 
 
-def worker(seeds, out_dir):
+def selected(sgd_lr=None, bn_refresh=False):
+    """CONFIGS, or with ``sgd_lr`` its rows with an inner SGD only, at that lr per worker; with
+    ``bn_refresh`` every run recomputes its batch-norm statistics before each evaluation."""
+    rows = CONFIGS if sgd_lr is None else [(label, ["--lr", f"{sgd_lr:g}"] + args) for label, args in CONFIGS
+                                           if not label.startswith("AdamW")]
+    return [(label, args + (["--bn-refresh"] if bn_refresh else [])) for label, args in rows]
+
+
+def worker(seeds, out_dir, sgd_lr=None, bn_refresh=False):
     """Inside horovodrun: every (configuration, seed) run in turn, one JSON file each."""
     sys.path.insert(0, os.path.join(ROOT, "examples"))
     from torch_cnn import main
-    for i, (_, args) in enumerate(CONFIGS):
+    for i, (_, args) in enumerate(selected(sgd_lr, bn_refresh)):
         for s in seeds:
             main(BASE + args + ["--seed", str(s), "--json-out", os.path.join(out_dir, f"{i}-{s}.json")])
 
 
-def run(seeds, out_dir):
+def run(seeds, out_dir, sgd_lr=None, bn_refresh=False):
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
                PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
     cmd = ["horovodrun", "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, os.path.abspath(__file__),
            "--worker", "--out-dir", out_dir, "--seeds"] + [str(s) for s in seeds]
+    if sgd_lr is not None:
+        cmd += ["--sgd-lr", f"{sgd_lr:g}"]
+    if bn_refresh:
+        cmd += ["--bn-refresh"]
     t0 = time.time()
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, env=env)
     if r.returncode != 0:
         raise SystemExit(f"run failed: {' '.join(cmd)}\n{(r.stdout + r.stderr)[-3000:]}")
     runs = {label: [json.load(open(os.path.join(out_dir, f"{i}-{s}.json"))) for s in seeds]
-            for i, (label, _) in enumerate(CONFIGS)}
+            for i, (label, _) in enumerate(selected(sgd_lr, bn_refresh))}
     return runs, time.time() - t0
 
 
-def report(runs, took):
+def report(runs, took, sgd_lr=None, bn_refresh=False):
     first = runs[FP32][0]
     lines = [f"Outer steps on the CNN (examples/torch_cnn.py), 2 workers, {first['steps']} steps of global batch "
              f"{first['global_batch']}, seeds {[r['seed'] for r in runs[FP32]]}, loopback; the run took "
-             f"{took / 60:.1f} min. Inner SGD with momentum 0.9 (lr 0.05 per worker); the rows 'AdamW:' an inner "
-             "AdamW (lr 3e-3 per worker), ÷ fp32 DP's with AdamW. Test loss and accuracy at the last step (a "
+             f"{took / 60:.1f} min. Inner SGD with momentum 0.9 (lr {sgd_lr or 0.05:g} per worker); the rows 'AdamW:' "
+             "an inner AdamW (lr 3e-3 per worker), ÷ fp32 DP's with AdamW. "
+             + ("Batch-norm statistics recomputed from the training set before the evaluation (--bn-refresh). "
+                if bn_refresh else "") + "Test loss and accuracy at the last step (a "
              "sync for every outer row: the ranks' largest difference in the last column).", "",
              "| method | test loss, mean (per seed) | ÷ fp32 DP's (mean of per-seed ratios) | test accuracy, mean "
              "(per seed) | wire bytes ÷ fp32 per step | ranks differ by |", "|---|---|---|---|---|---|"]
@@ -96,19 +110,25 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--out-dir", default=None, help="the runs' JSON files (default: a temporary directory)")
+    ap.add_argument("--sgd-lr", type=float, default=None, help="only the inner-SGD rows, at this lr per worker "
+                    "(the example's: 0.05) -> results/outer_cnn_sgd<lr>.{json,md}")
+    ap.add_argument("--bn-refresh", action="store_true", help="every run recomputes its batch-norm statistics "
+                    "before evaluating -> results/outer_cnn[_sgd<lr>]_bnrefresh.{json,md}")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.worker:
-        return worker(a.seeds, a.out_dir)
+        return worker(a.seeds, a.out_dir, a.sgd_lr, a.bn_refresh)
     import tempfile
     out_dir = a.out_dir or tempfile.mkdtemp(prefix="outer_cnn-")
-    runs, took = run(a.seeds, out_dir)
-    md = report(runs, took)
+    runs, took = run(a.seeds, out_dir, a.sgd_lr, a.bn_refresh)
+    md = report(runs, took, a.sgd_lr, a.bn_refresh)
     print(md)
     os.makedirs(RES, exist_ok=True)
-    with open(os.path.join(RES, "outer_cnn.json"), "w") as f:
-        json.dump({"took_s": took, "args": BASE, "configs": CONFIGS, "runs": runs}, f)
-    with open(os.path.join(RES, "outer_cnn.md"), "w") as f:
+    stem = os.path.join(RES, ("outer_cnn" if a.sgd_lr is None else f"outer_cnn_sgd{a.sgd_lr:g}")
+                        + ("_bnrefresh" if a.bn_refresh else ""))
+    with open(stem + ".json", "w") as f:
+        json.dump({"took_s": took, "args": BASE, "configs": selected(a.sgd_lr, a.bn_refresh), "runs": runs}, f)
+    with open(stem + ".md", "w") as f:
         f.write(md)
 
 

@@ -32,6 +32,8 @@ def parse_args(argv=None):
     p.add_argument("--width", type=int, default=32, help="channels of the first conv layer")
     p.add_argument("--sync-bn", action="store_true", help="batch statistics over all workers' "
                    "samples: Horovod's SyncBatchNorm on a GPU, CpuSyncBatchNorm on CPU")
+    p.add_argument("--bn-refresh", action="store_true", help="before each evaluation, recompute the batch-norm "
+                   "running statistics of the current weights over the training set (torch's update_bn)")
     add_compression_args(p)
     add_ddp_args(p)
     p.add_argument("--seed", type=int, default=0)
@@ -150,6 +152,9 @@ def main(argv=None):
                 break
         if bar:
             bar.close()
+        if args.bn_refresh:  # the running statistics of these weights, from the whole training set
+            torch.optim.swa_utils.update_bn([torch.from_numpy(xtr[i:i + 256]) for i in range(0, len(xtr), 256)],
+                                            model)
         average_buffers(model)
         test_loss, acc = evaluate(model, xte, yte)
         evals.append([step, test_loss, acc])
