@@ -25,8 +25,10 @@ demo: setup
 
 # The suite in TEST_WORKERS pytest-xdist processes (0: in this one), one test file at a time each
 # (tests/conftest.py: the groups; in collection order, so the parallel files go first and the many
-# short unit files fill the end). On this project's 2-core machine 2 workers took 21.7 min of the
-# serial 24.8-28.0 (2026-12-07).
+# short unit files fill the end). On this project's 2-core machine (2026-12-07): 1300 s with 2
+# workers in two runs, one a CI run of a fresh clone, against 1487-1683 s in one process (five CI
+# runs); the tests' durations summed to 2550 s, so the two were busy to the end and each test ran
+# ~1.5 x slower beside the other's.
 TEST_WORKERS ?= 2
 PYTEST_DIST = -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
