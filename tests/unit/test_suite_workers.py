@@ -2,12 +2,23 @@
 starts what edits the whole machine's state (scripts/two_node.sh, scripts/ssh_rehearsal.sh: lines
 in /etc/hosts, ssh client configuration), directly or through a helper module of tests/, must be in
 conftest's MACHINE_WIDE, so that no two of them run at once."""
+import ast
 import os
 import re
 
-from conftest import MACHINE_WIDE, ROOT
-
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPTS = ("two_node.sh", "ssh_rehearsal.sh")
+
+
+def machine_wide_setting():
+    """tests/conftest.py's MACHINE_WIDE, read from its source (in a whole-suite run the module named
+    ``conftest`` may be tests/parallel's)."""
+    with open(os.path.join(ROOT, "tests", "conftest.py"), encoding="utf-8") as f:
+        tree = ast.parse(f.read())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and [t.id for t in node.targets if isinstance(t, ast.Name)] == ["MACHINE_WIDE"]:
+            return ast.literal_eval(node.value)
+    raise AssertionError("tests/conftest.py has no MACHINE_WIDE")
 
 
 def python_files():
@@ -39,9 +50,10 @@ def test_machine_wide_test_files_share_one_unit_of_work():
     files = python_files()
     del files["test_suite_workers"]  # this file names the scripts too
     found = machine_wide_files(files)
-    assert found == MACHINE_WIDE, (
+    setting = machine_wide_setting()
+    assert found == setting, (
         f"test files reaching {SCRIPTS}: {sorted(found)}; tests/conftest.py MACHINE_WIDE: "
-        f"{sorted(MACHINE_WIDE)} (add a new one there)")
+        f"{sorted(setting)} (add a new one there)")
 
 
 def test_a_test_file_reaching_the_scripts_through_a_helper_is_found():
