@@ -11,6 +11,11 @@ loopback (the loss does not depend on the link):
 
     python benchmarks/outer_cnn.py [--seeds 0 1 2]   # -> results/outer_cnn.{json,md}
 
+``--model digits``: a third model, the main job's MLP (examples/torch_digits.py: two hidden layers of
+256, no batch norm; inner SGD with momentum 0.9, lr 0.05 per worker, batch 32 per worker), 8
+epochs = 168 steps (a sync for W = 0 and W = 96), the inner-SGD rows only
+(-> results/outer_digits.{json,md}).
+
 Rows: fp32 data parallelism (hvdp none), int8 every step, and hvdp.OuterOptimizer at H = 8 with
 int8 pseudo-gradients: DiLoCo's outer SGD (hvdp's default: Nesterov, lr 0.7, momentum 0.9) and
 parameter averaging (outer lr 1, no momentum), each with W = 0 and W = 96; each row's loss ÷
@@ -31,6 +36,7 @@ BASE = ["--epochs", "12", "--max-steps", "248", "--batch-size", "32", "--quiet"]
 OUTER = ["--compression", "int8", "--sync-every", "8"]
 AVERAGING = ["--outer-lr", "1", "--outer-momentum", "0"]
 ADAMW = ["--optimizer", "adamw", "--lr", "3e-3"]  # per worker (the example scales it by the size)
+DIGITS_BASE = ["--epochs", "8", "--quiet"]  # 21 steps an epoch: 168 = 96 + 9 x 8
 FP32 = "fp32 DP (hvdp none)"
 CONFIGS = [
     (FP32, ["--compression", "none"]),
@@ -48,24 +54,30 @@ CONFIGS = [
 ]
 
 
-def selected(sgd_lr=None, bn_refresh=False):
-    """CONFIGS, or with ``sgd_lr`` its rows with an inner SGD only, at that lr per worker; with
-    ``bn_refresh`` every run recomputes its batch-norm statistics before each evaluation."""
-    rows = CONFIGS if sgd_lr is None else [(label, ["--lr", f"{sgd_lr:g}"] + args) for label, args in CONFIGS
-                                           if not label.startswith("AdamW")]
+def selected(sgd_lr=None, bn_refresh=False, model="cnn"):
+    """CONFIGS, or with ``sgd_lr`` (or the digits MLP, which has no --optimizer) its rows with an
+    inner SGD only, at that lr per worker; with ``bn_refresh`` every run recomputes its batch-norm
+    statistics before each evaluation."""
+    rows = CONFIGS if sgd_lr is None and model == "cnn" else [
+        (label, (["--lr", f"{sgd_lr:g}"] if sgd_lr is not None else []) + args) for label, args in CONFIGS
+        if not label.startswith("AdamW")]
     return [(label, args + (["--bn-refresh"] if bn_refresh else [])) for label, args in rows]
 
 
-def worker(seeds, out_dir, sgd_lr=None, bn_refresh=False):
+def worker(seeds, out_dir, sgd_lr=None, bn_refresh=False, model="cnn"):
     """Inside horovodrun: every (configuration, seed) run in turn, one JSON file each."""
     sys.path.insert(0, os.path.join(ROOT, "examples"))
-    from torch_cnn import main
-    for i, (_, args) in enumerate(selected(sgd_lr, bn_refresh)):
+    if model == "digits":
+        from torch_digits import main
+    else:
+        from torch_cnn import main
+    base = DIGITS_BASE if model == "digits" else BASE
+    for i, (_, args) in enumerate(selected(sgd_lr, bn_refresh, model)):
         for s in seeds:
-            main(BASE + args + ["--seed", str(s), "--json-out", os.path.join(out_dir, f"{i}-{s}.json")])
+            main(base + args + ["--seed", str(s), "--json-out", os.path.join(out_dir, f"{i}-{s}.json")])
 
 
-def run(seeds, out_dir, sgd_lr=None, bn_refresh=False):
+def run(seeds, out_dir, sgd_lr=None, bn_refresh=False, model="cnn"):
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
                PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
     cmd = ["horovodrun", "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, os.path.abspath(__file__),
@@ -74,21 +86,24 @@ def run(seeds, out_dir, sgd_lr=None, bn_refresh=False):
         cmd += ["--sgd-lr", f"{sgd_lr:g}"]
     if bn_refresh:
         cmd += ["--bn-refresh"]
+    cmd += ["--model", model]
     t0 = time.time()
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, env=env)
     if r.returncode != 0:
         raise SystemExit(f"run failed: {' '.join(cmd)}\n{(r.stdout + r.stderr)[-3000:]}")
     runs = {label: [json.load(open(os.path.join(out_dir, f"{i}-{s}.json"))) for s in seeds]
-            for i, (label, _) in enumerate(selected(sgd_lr, bn_refresh))}
+            for i, (label, _) in enumerate(selected(sgd_lr, bn_refresh, model))}
     return runs, time.time() - t0
 
 
-def report(runs, took, sgd_lr=None, bn_refresh=False):
+def report(runs, took, sgd_lr=None, bn_refresh=False, model="cnn"):
     first = runs[FP32][0]
-    lines = [f"Outer steps on the CNN (examples/torch_cnn.py), 2 workers, {first['steps']} steps of global batch "
+    what = "the MLP (examples/torch_digits.py)" if model == "digits" else "the CNN (examples/torch_cnn.py)"
+    lines = [f"Outer steps on {what}, 2 workers, {first['steps']} steps of global batch "
              f"{first['global_batch']}, seeds {[r['seed'] for r in runs[FP32]]}, loopback; the run took "
-             f"{took / 60:.1f} min. Inner SGD with momentum 0.9 (lr {sgd_lr or 0.05:g} per worker); the rows 'AdamW:' "
-             "an inner AdamW (lr 3e-3 per worker), ÷ fp32 DP's with AdamW. "
+             f"{took / 60:.1f} min. Inner SGD with momentum 0.9 (lr {sgd_lr or 0.05:g} per worker). "
+             + ("The rows 'AdamW:' an inner AdamW (lr 3e-3 per worker), ÷ fp32 DP's with AdamW. "
+                if any(label.startswith("AdamW") for label in runs) else "")
              + ("Batch-norm statistics recomputed from the training set before the evaluation (--bn-refresh). "
                 if bn_refresh else "") + "Test loss and accuracy at the last step (a "
              "sync for every outer row: the ranks' largest difference in the last column).", "",
@@ -114,20 +129,25 @@ def main():
                     "(the example's: 0.05) -> results/outer_cnn_sgd<lr>.{json,md}")
     ap.add_argument("--bn-refresh", action="store_true", help="every run recomputes its batch-norm statistics "
                     "before evaluating -> results/outer_cnn[_sgd<lr>]_bnrefresh.{json,md}")
+    ap.add_argument("--model", choices=("cnn", "digits"), default="cnn", help="digits: the main job's MLP, "
+                    "inner SGD rows only -> results/outer_digits.{json,md}")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.model == "digits" and a.bn_refresh:
+        ap.error("--bn-refresh: the digits MLP has no batch norm")
     if a.worker:
-        return worker(a.seeds, a.out_dir, a.sgd_lr, a.bn_refresh)
+        return worker(a.seeds, a.out_dir, a.sgd_lr, a.bn_refresh, a.model)
     import tempfile
-    out_dir = a.out_dir or tempfile.mkdtemp(prefix="outer_cnn-")
-    runs, took = run(a.seeds, out_dir, a.sgd_lr, a.bn_refresh)
-    md = report(runs, took, a.sgd_lr, a.bn_refresh)
+    out_dir = a.out_dir or tempfile.mkdtemp(prefix=f"outer_{a.model}-")
+    runs, took = run(a.seeds, out_dir, a.sgd_lr, a.bn_refresh, a.model)
+    md = report(runs, took, a.sgd_lr, a.bn_refresh, a.model)
     print(md)
     os.makedirs(RES, exist_ok=True)
-    stem = os.path.join(RES, ("outer_cnn" if a.sgd_lr is None else f"outer_cnn_sgd{a.sgd_lr:g}")
+    stem = os.path.join(RES, f"outer_{a.model}" + ("" if a.sgd_lr is None else f"_sgd{a.sgd_lr:g}")
                         + ("_bnrefresh" if a.bn_refresh else ""))
     with open(stem + ".json", "w") as f:
-        json.dump({"took_s": took, "args": BASE, "configs": selected(a.sgd_lr, a.bn_refresh), "runs": runs}, f)
+        json.dump({"took_s": took, "args": DIGITS_BASE if a.model == "digits" else BASE,
+                   "configs": selected(a.sgd_lr, a.bn_refresh, a.model), "runs": runs}, f)
     with open(stem + ".md", "w") as f:
         f.write(md)
 

@@ -15,6 +15,7 @@ from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 
 import hvdp.torch as hvd
+from workload_torch import add_outer_args, outer_kwargs, ranks_max_diff, summary_line
 
 
 def parse_args(argv=None):
@@ -28,6 +29,7 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json-out", help="rank 0 writes the final figures here")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_outer_args(p)  # --sync-every H: hvd.OuterOptimizer instead (docs/outer-steps.md)
     return p.parse_args(argv)
 
 
@@ -76,8 +78,12 @@ def main(argv=None):
         compression = hvd.Compression.topk.configure(ratio=args.topk_ratio)
     policy = hvd.CompressionPolicy(error_feedback=False) if args.no_error_feedback else None
     opt = torch.optim.SGD(model.parameters(), lr=args.lr * hvd.size(), momentum=0.9)
-    opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
-                                   compression=compression, policy=policy)
+    if args.sync_every:  # sync every H steps: the same call, another wrapper
+        opt = hvd.OuterOptimizer(opt, named_parameters=model.named_parameters(), sync_every=args.sync_every,
+                                 compression=compression, policy=policy, **outer_kwargs(args))
+    else:
+        opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
+                                       compression=compression, policy=policy)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(opt, root_rank=0)
 
@@ -115,21 +121,23 @@ def main(argv=None):
     elapsed = time.perf_counter() - t0
     model.eval()
     with torch.no_grad():
-        acc = (model(xte).argmax(1) == yte).float().mean().item()
+        out = model(xte)
+        acc = (out.argmax(1) == yte).float().mean().item()
+        test_loss = torch.nn.functional.cross_entropy(out, yte).item()
+    diff = ranks_max_diff(model)  # 0.0: every rank holds the same model
     rate = hvd.allreduce(torch.tensor(seen / elapsed), op=hvd.Sum, name="rate").item()
     stats = opt.compression_stats()
     if hvd.rank() == 0:
-        wire = stats["total"]["all"]
-        print(f"test accuracy {acc:.4f}  |  {rate:.0f} samples/s over {hvd.size()} worker(s)  |  "
-              f"compression {stats['codec']} ({stats['compressed_tensors']} tensors compressed, "
-              f"{stats['plain_tensors']} plain): wire bytes {wire['ratio']:.3f} of float32", flush=True)
+        codec, ratio, line = summary_line(opt)
+        print(f"test accuracy {acc:.4f}  |  {rate:.0f} samples/s over {hvd.size()} worker(s)  |  {line}", flush=True)
         if "auto" in stats:
             print(describe_auto(stats["auto"], elapsed), flush=True)
         if args.json_out:
             with open(args.json_out, "w") as f:
-                json.dump({"test_accuracy": acc, "samples_per_s": rate, "codec": stats["codec"],
-                           "wire_ratio": wire["ratio"], "size": hvd.size(), "seed": args.seed,
-                           "elapsed_s": elapsed, "steps": steps * args.epochs, "auto": stats.get("auto")}, f)
+                json.dump({"test_accuracy": acc, "test_loss": test_loss, "samples_per_s": rate,
+                           "codec": codec, "wire_ratio": ratio, "size": hvd.size(),
+                           "seed": args.seed, "elapsed_s": elapsed, "steps": steps * args.epochs,
+                           "global_batch": global_batch, "ranks_max_diff": diff, "auto": stats.get("auto")}, f)
     return acc
 
 

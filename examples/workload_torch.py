@@ -12,6 +12,10 @@ def add_compression_args(p):
                    "where hvdp.torch offers it)")
     p.add_argument("--topk-ratio", type=float, default=0.01)
     p.add_argument("--no-error-feedback", action="store_true")
+    add_outer_args(p)
+
+
+def add_outer_args(p):
     p.add_argument("--sync-every", type=int, default=0, help="outer steps (hvd.OuterOptimizer): H inner "
                    "steps between syncs, the pseudo-gradients in --compression; 0: every step")
     p.add_argument("--warmup-steps", type=int, default=None, help="with --sync-every: synchronous steps "
@@ -37,12 +41,17 @@ def distributed(opt, model, args, **kwargs):
     named = model.named_parameters()
     if not args.sync_every:
         return hvd.DistributedOptimizer(opt, named_parameters=named, **compression_kwargs(args), **kwargs)
+    return hvd.OuterOptimizer(opt, named_parameters=named, sync_every=args.sync_every,
+                              buffers=model.named_buffers(), **outer_kwargs(args), **compression_kwargs(args))
+
+
+def outer_kwargs(args):
+    """hvd.OuterOptimizer's outer settings that the arguments give (the rest its defaults)."""
     given = {"warmup_steps": args.warmup_steps, "outer_lr": args.outer_lr, "outer_momentum": args.outer_momentum}
     outer = {k: v for k, v in given.items() if v is not None}
     if args.outer_momentum is not None:
         outer["nesterov"] = args.outer_momentum > 0
-    return hvd.OuterOptimizer(opt, named_parameters=named, sync_every=args.sync_every,
-                              buffers=model.named_buffers(), **outer, **compression_kwargs(args))
+    return outer
 
 
 def average_buffers(model):

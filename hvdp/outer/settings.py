@@ -26,8 +26,8 @@ NO_WARMUP = (
     "hvd.OuterOptimizer without warmup_steps: outer steps from the first step. That suits a model that is "
     "already trained; from scratch, outer steps from step 0 ended 17-31% above data parallelism's held-out "
     "loss with the default outer SGD on hvdp's GPT benchmark (2% below it after 96 synchronous steps), and on "
-    "its CNN only parameter averaging (outer_lr=1.0, outer_momentum=0.0, nesterov=False) matched data "
-    "parallelism. Pass warmup_steps=W (synchronous steps first), or warmup_steps=0 to start outer steps at "
+    "its CNN and MLP only parameter averaging (outer_lr=1.0, outer_momentum=0.0, nesterov=False) matched "
+    "data parallelism. Pass warmup_steps=W (synchronous steps first), or warmup_steps=0 to start outer steps at "
     "once without this warning; see docs/outer-steps.md")
 
 

@@ -71,6 +71,19 @@ def test_cnn_through_outer_steps(tmp_root):
     assert abs(outer["wire_ratio"] / (int8["wire_ratio"] / 4) - 1) < 0.05, (outer["wire_ratio"], int8["wire_ratio"])
 
 
+def test_main_job_through_outer_steps(tmp_root):
+    """examples/torch_digits.py --sync-every 6 (int8, 6 warm-up steps), in the CNN's job: 42 steps,
+    the last a sync, every rank the same model, a test accuracy a trained model has, and 1/6 of an
+    int8 step's bytes a step after the warm-up."""
+    r = run_example("torch_cnn", tmp_root)["digits-outer"]
+    assert r["codec"].startswith("H=6 ") and "W=6" in r["codec"], r["codec"]
+    assert r["steps"] == 42 and r["ranks_max_diff"] == 0.0, (r["steps"], r["ranks_max_diff"])
+    # untrained: accuracy 0.1, loss 2.3
+    assert r["test_accuracy"] > 0.6 and r["test_loss"] < 1.2, (r["test_accuracy"], r["test_loss"])
+    int8 = 0.2585  # int8 every step, this model: 0.258 of float32's bytes (make demo prints it)
+    assert abs(r["wire_ratio"] / (int8 / 6) - 1) < 0.05, r["wire_ratio"]
+
+
 def test_gpt_resumes_from_its_checkpoint(tmp_root):
     results = run_example("torch_gpt", tmp_root)
     full, resumed = results["int8"], results["resumed"]

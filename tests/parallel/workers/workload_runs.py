@@ -3,9 +3,10 @@
     python workload_runs.py <torch_cnn|torch_gpt|keras_cnn> <out_dir>
 
 Writes ``<out_dir>/<example>-<codec>.json`` (the example's --json-out); the CNN also runs outer
-steps (``torch_cnn-outer.json``); the GPT also resumes from its checkpoint for one more epoch
-(``torch_gpt-resumed.json``) and runs through torch DDP,
-plain and with PowerSGD rank 4 (``torch_gpt-ddp.json``, ``torch_gpt-ddp-powersgd4.json``).
+steps (``torch_cnn-outer.json``), and so does the main job's MLP, examples/torch_digits.py, in the
+same job (``torch_cnn-digits-outer.json``: 2 epochs, 42 steps); the GPT also resumes from its
+checkpoint for one more epoch (``torch_gpt-resumed.json``) and runs through torch DDP, plain and
+with PowerSGD rank 4 (``torch_gpt-ddp.json``, ``torch_gpt-ddp-powersgd4.json``).
 """
 import importlib
 import os
@@ -32,6 +33,9 @@ def main():
     if name == "torch_cnn":  # outer steps (--sync-every): 28 steps, the last one a sync at H = 4
         run(SMALL[name] + ["--compression", "int8", "--sync-every", "4", "--warmup-steps", "8", "--max-steps", "28",
                            "--json-out", os.path.join(out, f"{name}-outer.json")])
+        from torch_digits import main as digits  # 21 steps an epoch: the last of 42 a sync at H = 6
+        digits(["--epochs", "2", "--quiet", "--compression", "int8", "--sync-every", "6", "--warmup-steps", "6",
+                "--json-out", os.path.join(out, f"{name}-digits-outer.json")])
     if name == "torch_gpt":  # the checkpoint holds 2 epochs: a third resumes from it
         args = list(SMALL[name])
         args[args.index("--epochs") + 1] = "3"
