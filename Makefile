@@ -24,11 +24,11 @@ demo: setup
 	    -e '/^WARNING: All log messages before absl/d' -e '/^I0000 .*port.cc/d'
 
 # The suite in TEST_WORKERS pytest-xdist processes (0: in this one), one test file at a time each
-# (tests/conftest.py: the groups; in collection order, so the parallel files go first and the many
-# short unit files fill the end). On this project's 2-core machine (2026-12-07): 1300 s with 2
-# workers in two runs, one a CI run of a fresh clone, against 1487-1683 s in one process (five CI
-# runs); the tests' durations summed to 2550 s, so the two were busy to the end and each test ran
-# ~1.5 x slower beside the other's.
+# (tests/conftest.py: which files make one unit; in collection order, so the parallel files go first
+# and the many short unit files fill the end). On this project's 2-core machine (2026-12-07): 1300,
+# 1300 and 1451 s with 2 workers (one a CI run of a fresh clone), against 1487-1683 s in one process
+# (five CI runs); the tests' durations summed to 2550 s, so the two were busy to the end and each
+# test ran ~1.5 x slower beside the other's.
 TEST_WORKERS ?= 2
 PYTEST_DIST = -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 

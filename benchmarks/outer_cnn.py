@@ -54,58 +54,62 @@ CONFIGS = [
 ]
 
 
-def selected(sgd_lr=None, bn_refresh=False, model="cnn"):
-    """CONFIGS, or with ``sgd_lr`` (or the digits MLP, which has no --optimizer) its rows with an
-    inner SGD only, at that lr per worker; with ``bn_refresh`` every run recomputes its batch-norm
-    statistics before each evaluation."""
-    rows = CONFIGS if sgd_lr is None and model == "cnn" else [
-        (label, (["--lr", f"{sgd_lr:g}"] if sgd_lr is not None else []) + args) for label, args in CONFIGS
+def selected(o):
+    """CONFIGS for the options ``o`` (main()'s): with ``o.sgd_lr`` (or the digits MLP, which has
+    no --optimizer) the rows with an inner SGD only, at that lr per worker; with ``o.bn_refresh``
+    every run recomputes its batch-norm statistics before each evaluation; with ``o.clip`` every
+    run clips its gradients' norm."""
+    rows = CONFIGS if o.sgd_lr is None and o.model == "cnn" else [
+        (label, (["--lr", f"{o.sgd_lr:g}"] if o.sgd_lr is not None else []) + args) for label, args in CONFIGS
         if not label.startswith("AdamW")]
-    return [(label, args + (["--bn-refresh"] if bn_refresh else [])) for label, args in rows]
+    extra = (["--bn-refresh"] if o.bn_refresh else []) + (["--clip", f"{o.clip:g}"] if o.clip else [])
+    return [(label, args + extra) for label, args in rows]
 
 
-def worker(seeds, out_dir, sgd_lr=None, bn_refresh=False, model="cnn"):
+def worker(o):
     """Inside horovodrun: every (configuration, seed) run in turn, one JSON file each."""
     sys.path.insert(0, os.path.join(ROOT, "examples"))
-    if model == "digits":
+    if o.model == "digits":
         from torch_digits import main
     else:
         from torch_cnn import main
-    base = DIGITS_BASE if model == "digits" else BASE
-    for i, (_, args) in enumerate(selected(sgd_lr, bn_refresh, model)):
-        for s in seeds:
-            main(base + args + ["--seed", str(s), "--json-out", os.path.join(out_dir, f"{i}-{s}.json")])
+    base = DIGITS_BASE if o.model == "digits" else BASE
+    for i, (_, args) in enumerate(selected(o)):
+        for s in o.seeds:
+            main(base + args + ["--seed", str(s), "--json-out", os.path.join(o.out_dir, f"{i}-{s}.json")])
 
 
-def run(seeds, out_dir, sgd_lr=None, bn_refresh=False, model="cnn"):
+def run(o, out_dir):
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
                PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
     cmd = ["horovodrun", "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, os.path.abspath(__file__),
-           "--worker", "--out-dir", out_dir, "--seeds"] + [str(s) for s in seeds]
-    if sgd_lr is not None:
-        cmd += ["--sgd-lr", f"{sgd_lr:g}"]
-    if bn_refresh:
+           "--worker", "--out-dir", out_dir, "--model", o.model, "--clip", f"{o.clip:g}",
+           "--seeds"] + [str(s) for s in o.seeds]
+    if o.sgd_lr is not None:
+        cmd += ["--sgd-lr", f"{o.sgd_lr:g}"]
+    if o.bn_refresh:
         cmd += ["--bn-refresh"]
-    cmd += ["--model", model]
     t0 = time.time()
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, env=env)
     if r.returncode != 0:
         raise SystemExit(f"run failed: {' '.join(cmd)}\n{(r.stdout + r.stderr)[-3000:]}")
-    runs = {label: [json.load(open(os.path.join(out_dir, f"{i}-{s}.json"))) for s in seeds]
-            for i, (label, _) in enumerate(selected(sgd_lr, bn_refresh, model))}
+    runs = {label: [json.load(open(os.path.join(out_dir, f"{i}-{s}.json"))) for s in o.seeds]
+            for i, (label, _) in enumerate(selected(o))}
     return runs, time.time() - t0
 
 
-def report(runs, took, sgd_lr=None, bn_refresh=False, model="cnn"):
+def report(runs, took, o):
     first = runs[FP32][0]
-    what = "the MLP (examples/torch_digits.py)" if model == "digits" else "the CNN (examples/torch_cnn.py)"
+    what = "the MLP (examples/torch_digits.py)" if o.model == "digits" else "the CNN (examples/torch_cnn.py)"
     lines = [f"Outer steps on {what}, 2 workers, {first['steps']} steps of global batch "
              f"{first['global_batch']}, seeds {[r['seed'] for r in runs[FP32]]}, loopback; the run took "
-             f"{took / 60:.1f} min. Inner SGD with momentum 0.9 (lr {sgd_lr or 0.05:g} per worker). "
+             f"{took / 60:.1f} min. Inner SGD with momentum 0.9 (lr {o.sgd_lr or 0.05:g} per worker). "
              + ("The rows 'AdamW:' an inner AdamW (lr 3e-3 per worker), ÷ fp32 DP's with AdamW. "
                 if any(label.startswith("AdamW") for label in runs) else "")
              + ("Batch-norm statistics recomputed from the training set before the evaluation (--bn-refresh). "
-                if bn_refresh else "") + "Test loss and accuracy at the last step (a "
+                if o.bn_refresh else "")
+             + (f"Every run clips its gradients' norm at {o.clip:g}. " if o.clip else "")
+             + "Test loss and accuracy at the last step (a "
              "sync for every outer row: the ranks' largest difference in the last column).", "",
              "| method | test loss, mean (per seed) | ÷ fp32 DP's (mean of per-seed ratios) | test accuracy, mean "
              "(per seed) | wire bytes ÷ fp32 per step | ranks differ by |", "|---|---|---|---|---|---|"]
@@ -131,23 +135,27 @@ def main():
                     "before evaluating -> results/outer_cnn[_sgd<lr>]_bnrefresh.{json,md}")
     ap.add_argument("--model", choices=("cnn", "digits"), default="cnn", help="digits: the main job's MLP, "
                     "inner SGD rows only -> results/outer_digits.{json,md}")
+    ap.add_argument("--clip", type=float, default=0.0, help="with --model digits: every run clips its gradients' "
+                    "norm at this value, as the GPT does at 1.0 -> results/outer_digits_clip<X>.{json,md}")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.model == "digits" and a.bn_refresh:
         ap.error("--bn-refresh: the digits MLP has no batch norm")
+    if a.clip and a.model != "digits":
+        ap.error("--clip: only with --model digits (torch_cnn.py does not clip)")
     if a.worker:
-        return worker(a.seeds, a.out_dir, a.sgd_lr, a.bn_refresh, a.model)
+        return worker(a)
     import tempfile
     out_dir = a.out_dir or tempfile.mkdtemp(prefix=f"outer_{a.model}-")
-    runs, took = run(a.seeds, out_dir, a.sgd_lr, a.bn_refresh, a.model)
-    md = report(runs, took, a.sgd_lr, a.bn_refresh, a.model)
+    runs, took = run(a, out_dir)
+    md = report(runs, took, a)
     print(md)
     os.makedirs(RES, exist_ok=True)
     stem = os.path.join(RES, f"outer_{a.model}" + ("" if a.sgd_lr is None else f"_sgd{a.sgd_lr:g}")
-                        + ("_bnrefresh" if a.bn_refresh else ""))
+                        + ("_bnrefresh" if a.bn_refresh else "") + (f"_clip{a.clip:g}" if a.clip else ""))
     with open(stem + ".json", "w") as f:
         json.dump({"took_s": took, "args": DIGITS_BASE if a.model == "digits" else BASE,
-                   "configs": selected(a.sgd_lr, a.bn_refresh, a.model), "runs": runs}, f)
+                   "configs": selected(a), "runs": runs}, f)
     with open(stem + ".md", "w") as f:
         f.write(md)
 

@@ -27,6 +27,8 @@ def parse_args(argv=None):
     p.add_argument("--topk-ratio", type=float, default=0.01)
     p.add_argument("--no-error-feedback", action="store_true")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--clip", type=float, default=0.0, help="gradient norm clipping (0: none), as "
+                   "examples/torch_gpt.py: the averaged gradients; with --sync-every each rank's own")
     p.add_argument("--json-out", help="rank 0 writes the final figures here")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     add_outer_args(p)  # --sync-every H: hvd.OuterOptimizer instead (docs/outer-steps.md)
@@ -106,7 +108,15 @@ def main(argv=None):
             out = model(xtr[idx])
             loss = torch.nn.functional.cross_entropy(out, ytr[idx])
             loss.backward()
-            opt.step()
+            if args.clip and not args.sync_every:
+                opt.synchronize()  # averaged gradients in p.grad: clip the global norm
+                torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
+                with opt.skip_synchronize():
+                    opt.step()
+            else:
+                if args.clip:  # between syncs each rank's own gradients (in a warm-up the averages)
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
+                opt.step()
             total += torch.tensor([loss.item() * len(idx), (out.argmax(1) == ytr[idx]).sum().item()])
             seen += len(idx)
             if bar:
