@@ -23,14 +23,15 @@ demo: setup
 	    --compression $(COMPRESSION) 2>&1 | sed -u -e 's/\[[0-9,]*\]<std[a-z]*>://g' \
 	    -e '/^WARNING: All log messages before absl/d' -e '/^I0000 .*port.cc/d'
 
-# The suite in TEST_WORKERS pytest-xdist processes (0: in this one), one test file at a time each
+# TEST_WORKERS=N runs the suite in N pytest-xdist processes, one test file at a time each
 # (tests/conftest.py: which files make one unit; in collection order, so the parallel files go first
-# and the many short unit files fill the end). On this project's 2-core machine (2026-12-07): 1300,
-# 1300 and 1451 s with 2 workers (one a CI run of a fresh clone), against 1487-1683 s in one process
-# (five CI runs); the tests' durations summed to 2550 s, so the two were busy to the end and each
-# test ran ~1.5 x slower beside the other's.
-TEST_WORKERS ?= 2
-PYTEST_DIST = -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+# and the many short unit files fill the end). Default 0: in this one process. On this project's
+# 2-core machine (2026-12-07) 2 workers took 1300-1451 s against 1487-1683 s in one process, but 2
+# of 5 such runs failed a check whose timing holds for one job at a time and not for two (a 10-s
+# Gloo rendezvous, mended; a Keras optimizer still referenced at a gc.collect(), not yet): until
+# those are found and mended, not the default.
+TEST_WORKERS ?= 0
+PYTEST_DIST = $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
 test: setup
 	$(VENV)/bin/ruff check --quiet .

@@ -19,7 +19,7 @@ if not os.environ.get("HVDP_FLIGHT_DIR"):
     os.environ["HVDP_FLIGHT_DIR"] = os.path.join(tempfile.mkdtemp(prefix="hvdp-tests-"), "flight")
 
 
-# `make test` runs the suite in pytest-xdist workers, one test file at a time each (--dist loadfile,
+# `make test TEST_WORKERS=N` runs the suite in pytest-xdist workers, one test file at a time each (--dist loadfile,
 # Makefile TEST_WORKERS), so a file's module-scoped jobs (one horovodrun job serving many checks) run
 # once. The files that change what the whole machine shares (/etc/hosts lines, the ssh client's
 # configuration: the two-node cluster and the multi-host rehearsal) are one unit of work, so they
