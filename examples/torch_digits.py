@@ -15,7 +15,7 @@ from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 
 import hvdp.torch as hvd
-from workload_torch import add_outer_args, outer_kwargs, ranks_max_diff, summary_line
+from workload_torch import add_outer_args, distributed, ranks_max_diff, summary_line
 
 
 def parse_args(argv=None):
@@ -75,17 +75,9 @@ def main(argv=None):
     torch.set_num_threads(1)
     xtr, ytr, xte, yte = load_data()
     model = make_model()
-    compression = args.compression
-    if compression == "topk":
-        compression = hvd.Compression.topk.configure(ratio=args.topk_ratio)
-    policy = hvd.CompressionPolicy(error_feedback=False) if args.no_error_feedback else None
     opt = torch.optim.SGD(model.parameters(), lr=args.lr * hvd.size(), momentum=0.9)
-    if args.sync_every:  # sync every H steps: the same call, another wrapper
-        opt = hvd.OuterOptimizer(opt, named_parameters=model.named_parameters(), sync_every=args.sync_every,
-                                 compression=compression, policy=policy, **outer_kwargs(args))
-    else:
-        opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
-                                       compression=compression, policy=policy)
+    # hvd.DistributedOptimizer, or hvd.OuterOptimizer with --sync-every (examples/workload_torch.py)
+    opt = distributed(opt, model, args)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(opt, root_rank=0)
 
