@@ -2,8 +2,6 @@
 residuals and accumulators in ``tf.Variable`` (they must survive across traced train steps)."""
 import functools
 import os
-import sys
-import threading
 
 import horovod.tensorflow as hvd
 import numpy as np
@@ -13,6 +11,7 @@ from horovod.common.exceptions import HorovodInternalError
 
 from hvdp.cluster.flight import RECORDER as FLIGHT
 from hvdp.cluster.reports import collective_failed
+from hvdp.cluster.watchdog import calls_inside
 
 from .comm import TFCollectives, op_name
 from .ops import TFOps
@@ -110,11 +109,10 @@ _TF_DIR = os.sep + "tensorflow" + os.sep
 
 
 def _tf_calls():
-    """The innermost Python frames of the other threads that are inside TensorFlow, such as a
-    traced step's call: a stalled collective keeps its thread in one same call (frame), while
-    a step that failed has returned (a count it began then never ends)."""
-    me = threading.get_ident()
-    return tuple(f for t, f in sys._current_frames().items() if t != me and _TF_DIR in f.f_code.co_filename)
+    """The calls of the other threads that are inside TensorFlow, such as a traced step's call:
+    a stalled collective keeps its thread in one same call, while a step that failed has
+    returned (a count it began then never ends)."""
+    return calls_inside(_TF_DIR)
 
 
 def _settle_watch():

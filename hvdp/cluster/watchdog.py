@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import sys
 import threading
 import time
 from contextlib import contextmanager
@@ -47,6 +48,18 @@ DOWN_WAIT_S = 30.0   # how long a failed wait waits for the watchdog's shutdown 
 
 class StallError(RuntimeError):
     """Some rank did not arrive at a collective within the deadline."""
+
+
+def calls_inside(path_part: str) -> Tuple[Tuple[int, int, object], ...]:
+    """The calls other threads are in now whose innermost Python frame's file has ``path_part``
+    in its path (e.g. TensorFlow's directory: a traced step's call), each as (thread, id of the
+    frame, its code): what :meth:`StallWatchdog.poll`'s ``read`` returns. Not the frames: the
+    watchdog keeps the last ones it saw until its next look, and a frame kept past its call's
+    return keeps its locals and its callers' alive (a dropped Keras model and optimizer,
+    seen in a test that frees them). A frame's id is stable while its call is in progress."""
+    me = threading.get_ident()
+    return tuple((t, id(f), f.f_code) for t, f in sys._current_frames().items()
+                 if t != me and path_part in f.f_code.co_filename)
 
 
 class _Wait:
@@ -171,7 +184,8 @@ class StallWatchdog(StallNotes):
     def poll(self, name: str, read: Callable[[], Tuple[int, int, Sequence[object]]]) -> None:
         """Waits that no Python call brackets (collectives inside TensorFlow's executor):
         ``read() -> (begun, ended, calls)``: how many such waits began and ended so far, and
-        objects that stand for the calls now in progress (compared by identity). A wait: ``begun``
+        values that stand for the calls now in progress (compared by equality; :func:`calls_inside`
+        makes them, and they must not be the calls' frames). A wait: ``begun``
         ahead of ``ended`` while one same call stays in progress (what a returned call left ahead,
         a failed step's count, is the new baseline)."""
         if self.timeout_s <= 0:
@@ -192,7 +206,7 @@ class StallWatchdog(StallNotes):
             self._plag = lead                # failed steps (or a reset settled it)
         w = self._pwait
         if w is not None and (lead <= self._plag or w.begun != begun      # over, or another one,
-                              or not any(c is d for c in w.calls for d in calls)):  # or returned
+                              or not any(c == d for c in w.calls for d in calls)):  # or returned
             if lead > self._plag and w.begun == begun:  # its call returned, its count never ends
                 self._plag = lead
             self._pwait = None

@@ -1,6 +1,10 @@
 """The stall watchdog (hvdp.cluster.watchdog) with a fake clock and a directory board: when it fires,
 which ranks it names, what the waiting rank raises, and that it stays out of healthy waits."""
+import gc
 import json
+import os
+import threading
+import weakref
 
 import pytest
 
@@ -8,7 +12,7 @@ from hvdp.cluster.boards import DirBoard
 from hvdp.cluster.failures import FailureReporter
 from hvdp.cluster.reports import parse_reports
 from hvdp.cluster.stall_notes import NOTE_KEY
-from hvdp.cluster.watchdog import StallError, StallWatchdog
+from hvdp.cluster.watchdog import StallError, StallWatchdog, calls_inside
 
 
 class Clock:
@@ -150,6 +154,43 @@ def test_polled_waits_fire_only_while_one_lasts_past_the_deadline(tmp_path):
     assert "rank 0 waited 10 s at hvdp.keras's gradient reduction: rank 1 did not arrive" in d0.message
     said = d0._reporter.explanation("Horovod has been shut down.")
     assert said.startswith(f"StallError: {d0.message}") and said.endswith("saw: Horovod has been shut down.")
+
+
+def test_polled_calls_are_seen_without_keeping_their_frames(tmp_path):
+    """calls_inside(): a thread's call, seen at each look as the same call while it lasts (the
+    deadline fires), and not kept alive once it returned: a frame kept by the watchdog kept its
+    locals (a dropped Keras model and its optimizer, in a CI run) until the watchdog's next look."""
+    class Model:
+        pass
+
+    inside, leave = threading.Event(), threading.Event()
+    seen = []
+
+    def call():  # the user's frame, holding a model; its thread waits in threading.py
+        model = Model()
+        seen.append(weakref.ref(model))
+        inside.set()
+        leave.wait()
+
+    where = os.sep + "threading.py"
+    t = threading.Thread(target=call, daemon=True)
+    t.start()
+    clock = Clock()
+    d, down = dog(DirBoard(str(tmp_path / "b")), 0, size=2, clock=clock)
+    try:
+        assert inside.wait(10)
+        first = calls_inside(where)
+        assert [c[0] for c in first] == [t.ident] and calls_inside(where) == first
+        del first
+        d.poll("hvdp.keras's gradient reduction", lambda: (1, 0, calls_inside(where)))
+        assert not d.check() and d._pwait is not None     # a wait, in this call
+        clock.t += 10.1
+        assert d.check() and down == ["down"]              # the same call past the deadline
+    finally:
+        leave.set()
+    t.join(10)
+    gc.collect()
+    assert d._pwait is not None and seen[0]() is None, "the watchdog keeps the returned call's locals"
 
 
 def test_polling_is_off_with_the_watchdog():
