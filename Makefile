@@ -27,9 +27,10 @@ demo: setup
 # (tests/conftest.py: which files make one unit; in collection order, so the parallel files go first
 # and the many short unit files fill the end). Default 0: in this one process. On this project's
 # 2-core machine (2026-12-07) 2 workers took 1300-1451 s against 1487-1683 s in one process, but 2
-# of 5 such runs failed a check whose timing holds for one job at a time and not for two (the kill
-# loop's 10-s Gloo rendezvous; a Keras optimizer still referenced at a gc.collect()): until those
-# are mended, not the default.
+# of 5 such runs failed: the kill loop's 10-s Gloo rendezvous (a restarted Keras worker still
+# importing TensorFlow beside the other worker's jobs; not mended) and a Keras optimizer still
+# referenced at a gc.collect() (a defect that load made likelier: the stall watchdog kept a traced
+# step's frames; mended). Until the first is mended, not the default.
 TEST_WORKERS ?= 0
 PYTEST_DIST = $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
