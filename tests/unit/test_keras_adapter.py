@@ -17,7 +17,7 @@ tf = pytest.importorskip("tensorflow")
 
 from hvdp import codecs  # noqa: E402
 from hvdp.ops import NumpyOps  # noqa: E402
-from unit.keras_probes import PROBES  # noqa: E402
+from unit import keras_probes  # noqa: E402
 
 
 @pytest.mark.parametrize("name", ["none", "fp16", "bf16", "int8", "int4", "topk"])
@@ -44,8 +44,6 @@ def _run(code_or_file, backend, timeout=240, stdin=None):
                           input=stdin)
 
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-
 
 def _probe(name, backend):
     """One probe's result from the one process per backend that runs them all (keras_probes.PROBES,
@@ -59,8 +57,8 @@ def _probe(name, backend):
 
 @functools.lru_cache(maxsize=None)
 def _probed(backend):
-    probes = [[name, code] for name, code, backends in PROBES if backend in backends]
-    r = _run(os.path.join(HERE, "keras_probes.py"), backend, timeout=480, stdin=json.dumps(probes))
+    probes = [[name, code] for name, code, backends in keras_probes.PROBES if backend in backends]
+    r = _run(keras_probes.__file__, backend, timeout=480, stdin=json.dumps(probes))
     try:
         return json.loads(r.stdout.strip().splitlines()[-1])
     except (IndexError, ValueError):
@@ -97,7 +95,6 @@ def test_compression_members_keep_horovods_compressor_contract(backend):
     its Horovod's compressors do; int8 refuses, naming what to use."""
     r = _probe("compressor", backend)
     assert r.stdout.strip().endswith("SAME " + ("3" if backend == "tensorflow" else "1")), r.stderr[-3000:]
-
 
 
 @pytest.mark.parametrize("backend", ["tensorflow", "torch"])
